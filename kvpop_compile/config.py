@@ -1,0 +1,83 @@
+"""KVpop configuration: the cache budget and the scorer that decides what stays in it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ScorerKind(str, Enum):
+    """Which policy scores the tokens that leave the window (DESIGN §3)."""
+
+    MEMORY = "memory"  # learned, delayed, stateful (the default)
+    MLP = "mlp"  # learned, stateless
+    WINDOW = "window"  # StreamingLLM: sinks + the most recent tokens
+    RANDOM = "random"  # seeded random keep-or-drop
+    KNORM = "knorm"  # keep keys of small norm
+    H2O = "h2o"  # cumulative attention received (attention-fed)
+    TOVA = "tova"  # last query's attention (attention-fed)
+
+    @property
+    def attention_fed(self) -> bool:
+        """Whether scores change every step with the attention the cache receives."""
+        return self in (ScorerKind.H2O, ScorerKind.TOVA)
+
+    @property
+    def learned(self) -> bool:
+        return self in (ScorerKind.MEMORY, ScorerKind.MLP)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    # bool is an int subclass; `window=True` is a mistake, not a window of 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class KVpopConfig:
+    """The per-layer, per-KV-head cache budget and the policy that fills it.
+
+    Capacity is ``sinks + window + topk`` slots: the first ``sinks`` positions, the ``window``
+    most recent tokens (the current one included) and a pool of the ``topk`` older tokens of
+    highest priority ``rhat_t + lam * t``.
+    """
+
+    sinks: int = 4
+    window: int = 256
+    topk: int = 3836
+    lam: float = 0.0
+    scorer: ScorerKind | str = ScorerKind.MEMORY
+    scorer_hidden: int = 64  # hidden width of the scorers' readout MLP
+    memory_dim: int = 32  # key/query feature size of the memory scorer
+    memory_value_dim: int = 32  # value feature size of the memory scorer
+    seed: int = 0  # seed of the `random` scorer and of scorer initialisation
+    prefill_block: int = 128  # query rows per block in prefill attention: O(block * N) memory
+
+    def __post_init__(self) -> None:
+        _check_int("sinks", self.sinks, 0)
+        _check_int("window", self.window, 1)
+        _check_int("topk", self.topk, 0)
+        _check_int("scorer_hidden", self.scorer_hidden, 1)
+        _check_int("memory_dim", self.memory_dim, 1)
+        _check_int("memory_value_dim", self.memory_value_dim, 1)
+        _check_int("seed", self.seed, 0)
+        _check_int("prefill_block", self.prefill_block, 1)
+        if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)):
+            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
+        if not math.isfinite(self.lam) or self.lam < 0:
+            raise ValueError(f"lam must be a finite number >= 0, got {self.lam}")
+        try:
+            kind = ScorerKind(self.scorer)
+        except ValueError:
+            allowed = ", ".join(k.value for k in ScorerKind)
+            raise ValueError(f"scorer must be one of {allowed}; got {self.scorer!r}") from None
+        object.__setattr__(self, "scorer", kind)
+        object.__setattr__(self, "lam", float(self.lam))
+
+    @property
+    def capacity(self) -> int:
+        """Cache slots per layer and KV head: ``sinks + window + topk``."""
+        return self.sinks + self.window + self.topk

@@ -1,0 +1,123 @@
+"""The ``memory`` scorer: a delayed, stateful scorer with a gated matrix memory (DESIGN §3).
+
+Per KV head, a matrix memory in the mLSTM / gated-linear-attention family sees every token:
+
+    S_i = f_i * S_{i-1} + g_i * [phi_v(v_i); 1] phi_k(k_i)^T          S_i: (dv + 1, r)
+
+(the last row is the normaliser ``n_i``). When token ``t`` leaves the window at step
+``i = t + W`` it is read against ``S_i`` with a query made from its own features, and a small MLP
+turns ``[k_t ; v_t ; read]`` into ``rhat_t``. Because the memory has seen the ``W`` tokens after
+``t``, the score can tell whether ``t`` is still being referred to.
+
+Decode uses the recurrence; prefill and training use the chunked causal linear-attention form
+below, whose read query at step ``i`` is token ``i - W``'s. The two agree to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .scorers import PerHeadMLP, Scorer, _per_head_linear, token_features
+
+
+class MemoryScorer(Scorer):
+    """Gated matrix-memory scorer; ``key_dim`` = r, ``value_dim`` = dv."""
+
+    chunk_size = 64  # rows per chunk of the parallel form: O(chunk^2) scratch per head
+
+    def __init__(
+        self, num_kv_heads: int, head_dim: int, *, hidden: int, key_dim: int, value_dim: int
+    ):
+        super().__init__(num_kv_heads, head_dim)
+        heads, d = num_kv_heads, head_dim
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.w_key = nn.Parameter(torch.randn(heads, d, key_dim) * d**-0.5)
+        self.w_value = nn.Parameter(torch.randn(heads, d, value_dim) * d**-0.5)
+        self.w_query = nn.Parameter(torch.randn(heads, 2 * d, key_dim) * (2 * d) ** -0.5)
+        self.w_gates = nn.Parameter(torch.randn(heads, 2 * d, 2) * (2 * d) ** -0.5 * 0.1)
+        # Forget bias 4 (f ~ 0.98): the memory starts with a horizon of about 50 tokens.
+        self.b_gates = nn.Parameter(torch.tensor([4.0, 0.0]).repeat(heads, 1))
+        self.readout = PerHeadMLP(heads, 2 * d + value_dim, hidden)
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.value_dim + 1, self.key_dim)
+
+    def _projections(self, k: torch.Tensor, v: torch.Tensor):
+        """``k, v (B, H, ..., D)`` → features ``x (..., 2D)``, ``phi_k (..., r)``,
+        ``[phi_v; 1] (..., dv + 1)``, ``log f (...)`` and ``g (...)``."""
+        x = token_features(k, v)
+        d = self.head_dim
+        phi_k = F.elu(_per_head_linear(x[..., :d], self.w_key, None)) + 1
+        phi_v = _per_head_linear(x[..., d:], self.w_value, None)
+        values = torch.cat([phi_v, torch.ones_like(phi_v[..., :1])], dim=-1)
+        gates = _per_head_linear(x, self.w_gates, self.b_gates)
+        return x, phi_k, values, F.logsigmoid(gates[..., 0]), torch.sigmoid(gates[..., 1])
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        return F.elu(_per_head_linear(x, self.w_query, None)) + 1
+
+    def _readout(self, x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+        """``x (..., 2D)`` and the raw read ``(..., dv + 1)`` → ``rhat (...)``."""
+        normalised = read[..., :-1] / read[..., -1:].abs().clamp(min=1.0)
+        return self.readout(torch.cat([x, normalised], dim=-1))
+
+    def update_state(self, state, k, v):
+        """``state (B, H, dv + 1, r)``, ``k, v (B, H, D)`` → the state after token ``(k, v)``."""
+        _, phi_k, values, log_forget, gate = self._projections(k, v)
+        forget = log_forget.exp()[..., None, None]
+        return forget * state + gate[..., None, None] * values.unsqueeze(-1) * phi_k.unsqueeze(-2)
+
+    def score(self, state, k, v, position):
+        """Score ``(B, H)`` of the token ``(k, v)`` leaving the window, read against ``state``."""
+        x = token_features(k, v)
+        read = (state @ self._query(x).unsqueeze(-1)).squeeze(-1)
+        return self._readout(x, read)
+
+    def score_sequence(self, k: torch.Tensor, v: torch.Tensor, window: int):
+        """Chunked parallel form. ``k, v (B, H, N, D)`` → ``rhat (B, H, N)`` (token ``t`` read
+        against ``S_{t+W}``; 0 for the last ``W`` tokens) and the final state ``S_{N-1}``."""
+        batch, heads, n, _ = k.shape
+        x, phi_k, values, log_forget, gate = self._projections(k, v)
+        # The read at step i uses token (i - W)'s query: shift the queries by the window.
+        queries = torch.zeros_like(phi_k)
+        if n > window:
+            queries[..., window:, :] = self._query(x[..., : n - window, :])
+        state = self.init_state(batch, k.device)
+        reads = torch.empty(batch, heads, n, self.value_dim + 1, device=k.device)
+        for start in range(0, n, self.chunk_size):
+            end = min(start + self.chunk_size, n)
+            reads[..., start:end, :], state = self._chunk(
+                state,
+                queries[..., start:end, :],
+                phi_k[..., start:end, :],
+                values[..., start:end, :],
+                log_forget[..., start:end],
+                gate[..., start:end],
+            )
+        scores = torch.zeros(batch, heads, n, device=k.device)
+        if n > window:
+            scores[..., : n - window] = self._readout(x[..., : n - window, :], reads[..., window:, :])
+        return scores, state
+
+    @staticmethod
+    def _chunk(state, queries, keys, values, log_forget, gate):
+        """One chunk of L steps. ``state (B, H, dv+1, r)``, ``queries, keys (B, H, L, r)``,
+        ``values (B, H, L, dv+1)``, ``log_forget, gate (B, H, L)`` → reads ``(B, H, L, dv+1)``
+        and the state after the chunk. Every exponent is a sum of log-forgets, so <= 0."""
+        length = queries.shape[-2]
+        decay_in = torch.cumsum(log_forget, dim=-1)  # log prod f over [chunk start, i]
+        causal = torch.ones(length, length, dtype=torch.bool, device=queries.device).tril()
+        pairwise = decay_in.unsqueeze(-1) - decay_in.unsqueeze(-2)  # (B, H, L, L): i, j
+        pairwise = torch.where(causal, pairwise, torch.full_like(pairwise, float("-inf")))
+        weights = (queries @ keys.transpose(-1, -2)) * pairwise.exp() * gate.unsqueeze(-2)
+        carried = decay_in.exp().unsqueeze(-1) * (queries @ state.transpose(-1, -2))
+        reads = carried + weights @ values
+        to_end = (decay_in[..., -1:] - decay_in).exp() * gate  # (B, H, L)
+        new_state = decay_in[..., -1].exp()[..., None, None] * state + (
+            values * to_end.unsqueeze(-1)
+        ).transpose(-1, -2) @ keys
+        return reads, new_state
