@@ -1,0 +1,101 @@
+"""Reference attention for KVpop in plain PyTorch: prefill under eviction steps, and one decode
+query against the bounded cache. GQA is handled by viewing the queries as
+``(B, kv_heads, group, ..., D)``: the cache is never repeated per query head (under compilation
+``repeat_kv`` copies the whole cache every step). Computation is float32; outputs take the
+query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def query_group(num_query_heads: int, num_kv_heads: int) -> int:
+    """Query heads per KV head; raises if the head counts do not divide."""
+    if num_kv_heads < 1 or num_query_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"query heads ({num_query_heads}) must be a positive multiple of KV heads "
+            f"({num_kv_heads})"
+        )
+    return num_query_heads // num_kv_heads
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    evict_step: torch.Tensor | None,
+    *,
+    scale: float,
+    block: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention in which query ``i`` sees key ``t`` iff ``t <= i < evict_step[t]``.
+
+    Args:
+        q: ``(B, Hq, N, D)`` queries (after RoPE).
+        k, v: ``(B, Hkv, N, D)`` keys (after RoPE) and values.
+        evict_step: ``(B, Hkv, N)`` int64 eviction steps, or ``None`` for full causal attention.
+        scale: softmax scale.
+        block: query rows per block; scratch memory is ``O(block * N)`` per head, never N x N.
+
+    Returns:
+        ``out (B, Hq, N, D)`` in ``q.dtype`` and ``lse (B, Hq, N)`` float32, each query's
+        log-sum-exp of its scaled scores over the keys it sees.
+    """
+    batch, q_heads, n, dim = q.shape
+    kv_heads = k.shape[1]
+    group = query_group(q_heads, kv_heads)
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    qg = q.float().reshape(batch, kv_heads, group, n, dim)
+    kf, vf = k.float(), v.float()
+    out = torch.empty(batch, kv_heads, group, n, dim, device=q.device)
+    lse = torch.empty(batch, kv_heads, group, n, device=q.device)
+    key_pos = torch.arange(n, device=q.device)
+    for start in range(0, n, block):
+        end = min(start + block, n)
+        query_pos = torch.arange(start, end, device=q.device)
+        # Keys after the block's last query are never seen: slice them off.
+        scores = torch.einsum("bhgqd,bhkd->bhgqk", qg[:, :, :, start:end], kf[:, :, :end]) * scale
+        visible = key_pos[:end] <= query_pos[:, None]  # (Q, T)
+        if evict_step is not None:
+            alive = query_pos[:, None] < evict_step[:, :, None, :end]  # (B, Hkv, Q, T)
+            visible = (visible & alive).unsqueeze(2)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        block_lse = torch.logsumexp(scores, dim=-1)
+        probs = (scores - block_lse.unsqueeze(-1)).exp()
+        out[:, :, :, start:end] = torch.einsum("bhgqk,bhkd->bhgqd", probs, vf[:, :, :end])
+        lse[:, :, :, start:end] = block_lse
+    return out.reshape(batch, q_heads, n, dim).to(q.dtype), lse.reshape(batch, q_heads, n)
+
+
+def bounded_decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query token per sequence against the bounded cache.
+
+    Args:
+        q: ``(B, Hq, 1, D)`` the new token's queries (after RoPE).
+        keys, values: ``(B, Hkv, C, D)`` cache slots ``[sinks | pool | window]``.
+        positions: ``(B, Hkv, C)`` int64 token position per slot, ``-1`` for an empty slot.
+        scale: softmax scale.
+
+    Returns:
+        ``out (B, Hq, 1, D)`` in ``q.dtype`` and ``probs (B, Hkv, group, C)`` float32, the
+        attention of each query head to every slot (0 on empty slots), which the
+        attention-fed scorers consume.
+    """
+    batch, q_heads, _, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = query_group(q_heads, kv_heads)
+    qg = q.float().reshape(batch, kv_heads, group, dim)
+    scores = torch.einsum("bhgd,bhcd->bhgc", qg, keys.float()) * scale
+    scores = scores.masked_fill((positions < 0).unsqueeze(2), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgc,bhcd->bhgd", probs, values.float())
+    return out.reshape(batch, q_heads, 1, dim).to(q.dtype), probs
