@@ -245,7 +245,7 @@ def _fill_after_prefill(state, k, raw_k, v, priority, steps, config: KVpopConfig
 
     first_sinks = torch.arange(min(sinks, n), device=device)
     put(first_sinks, first_sinks)
-    in_window = torch.arange(max(sinks, n - window), n, device=device)
+    in_window = torch.arange(min(max(sinks, n - window), n), n, device=device)
     ring = torch.remainder(in_window - sinks, window)
     put(sinks + topk + ring, in_window)
     state.window_keys.index_copy_(2, ring, raw_k.index_select(2, in_window).to(state.window_keys.dtype))

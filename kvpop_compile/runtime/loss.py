@@ -1,0 +1,87 @@
+"""Scorer losses against the future-attention target (DESIGN §4), and the ranking diagnostic.
+
+The default, the boundary pairwise logistic loss, trains exactly the decisions the streaming
+rule takes: at query ``q`` the token leaving the window is compared with the weakest entry of
+the full pool; under the target priorities it either wins (``y = +1``) or loses (``y = -1``),
+and the scorer is pushed to order the pair the same way. O(1) per query. Regression on the log
+target and BCE on quantile labels are the alternatives.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .eviction import BoundaryDecisions, beats, running_topk_boundary
+
+
+def target_priority(log_target: torch.Tensor, lam: float) -> torch.Tensor:
+    """Target priorities ``r_t + lam * t`` from ``log_target (..., N)``."""
+    n = log_target.shape[-1]
+    return log_target.float() + lam * torch.arange(n, device=log_target.device, dtype=torch.float32)
+
+
+def boundary_decisions(
+    log_target: torch.Tensor, *, sinks: int, window: int, topk: int, lam: float
+) -> BoundaryDecisions:
+    """The target policy's keep-or-drop decision at every query (running top-k on
+    ``r_t + lam * t``). Tokens without a target never take part: they are still in the window
+    at the last query."""
+    return running_topk_boundary(
+        target_priority(log_target, lam), sinks=sinks, window=window, topk=topk
+    )
+
+
+def _pair(pred_priority: torch.Tensor, decisions: BoundaryDecisions):
+    new = pred_priority.gather(-1, decisions.new)
+    boundary = pred_priority.gather(-1, decisions.boundary)
+    return new, boundary
+
+
+def boundary_loss(
+    pred_priority: torch.Tensor, decisions: BoundaryDecisions, *, tau: float = 1.0
+) -> torch.Tensor:
+    """``mean softplus(-y * (pihat_new - pihat_bnd) / tau)`` over valid decisions.
+
+    Args:
+        pred_priority: ``(..., N)`` the scorer's priorities ``rhat_t + lam * t``.
+        decisions: from :func:`boundary_decisions`, same leading shape.
+    """
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    new, boundary = _pair(pred_priority, decisions)
+    sign = decisions.keep.float() * 2 - 1
+    losses = F.softplus(-sign * (new - boundary) / tau)
+    valid = decisions.valid
+    # Zero-weight sum when there is nothing to learn, so backward still works.
+    return (losses * valid).sum() / valid.sum().clamp(min=1)
+
+
+def boundary_accuracy(pred_priority: torch.Tensor, decisions: BoundaryDecisions) -> torch.Tensor:
+    """Fraction of valid decisions the predicted priorities take as the target does (ties broken
+    by age, as the policy does). 0-d float; NaN when there is no decision."""
+    new, boundary = _pair(pred_priority.detach(), decisions)
+    predicted_keep = beats(new, decisions.new, boundary, decisions.boundary)
+    agree = (predicted_keep == decisions.keep) & decisions.valid
+    return agree.sum() / decisions.valid.sum()
+
+
+def regression_loss(rhat: torch.Tensor, log_target: torch.Tensor, valid: torch.Tensor):
+    """Mean squared error between ``rhat (..., N)`` and the log target on valid tokens."""
+    errors = (rhat.float() - log_target.float()).pow(2) * valid
+    return errors.sum() / (valid.sum() * errors[..., 0].numel()).clamp(min=1)
+
+
+def quantile_bce_loss(
+    rhat: torch.Tensor, log_target: torch.Tensor, valid: torch.Tensor, *, keep_fraction: float
+) -> torch.Tensor:
+    """BCE with logits ``rhat``: label 1 for tokens whose target is in the top ``keep_fraction``
+    of their row (valid tokens only)."""
+    if not 0 < keep_fraction < 1:
+        raise ValueError(f"keep_fraction must be in (0, 1), got {keep_fraction}")
+    if not valid.any():
+        return rhat.sum() * 0.0
+    scored = log_target[..., valid].float()
+    threshold = torch.quantile(scored, 1 - keep_fraction, dim=-1, keepdim=True)
+    labels = (scored >= threshold).float()
+    return F.binary_cross_entropy_with_logits(rhat[..., valid].float(), labels)

@@ -1,0 +1,132 @@
+"""The eviction rule: parallel ≡ streaming (invariant 4), running top-k (invariant 3), the
+prefix order statistic under it, and the boundary decisions of the loss."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from policy_oracles import boundary, top_k_eligible
+
+from kvpop_compile.runtime import (
+    eviction_steps,
+    prefix_kth_smallest,
+    running_topk_boundary,
+    streaming_eviction_steps,
+    weakest_slot,
+)
+
+budgets = st.fixed_dictionaries(
+    {
+        "sinks": st.integers(0, 4),
+        "window": st.integers(1, 6),
+        "topk": st.integers(0, 8),
+    }
+)
+
+
+def draw_priority(seed: int, rows: int, n: int, distinct: int | None) -> torch.Tensor:
+    """Priorities from a seed; ``distinct`` values only, to force ties, or continuous."""
+    generator = torch.Generator().manual_seed(seed)
+    if distinct is None:
+        return torch.randn(rows, n, generator=generator)
+    return torch.randint(0, distinct, (rows, n), generator=generator).float()
+
+
+@given(
+    values=st.lists(st.integers(0, 40), max_size=30),
+    k=st.integers(0, 6),
+)
+def test_prefix_kth_smallest_matches_sorting(values, k):
+    result = prefix_kth_smallest(torch.tensor(values, dtype=torch.int64), k).tolist()
+    expected = [sorted(values[:r])[k] if r > k else -1 for r in range(len(values) + 1)]
+    assert result == expected
+
+
+@given(
+    budget=budgets,
+    n=st.integers(1, 48),
+    rows=st.integers(1, 3),
+    distinct=st.sampled_from([None, 1, 2, 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_parallel_rule_equals_streaming_simulation(budget, n, rows, distinct, seed):
+    priority = draw_priority(seed, rows, n, distinct)
+    assert torch.equal(eviction_steps(priority, **budget), streaming_eviction_steps(priority, **budget))
+
+
+@given(
+    budget=budgets,
+    n=st.integers(1, 40),
+    distinct=st.sampled_from([None, 2, 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_visible_set_is_sinks_window_and_running_top_k(budget, n, distinct, seed):
+    priority = draw_priority(seed, 1, n, distinct)
+    steps = eviction_steps(priority, **budget)[0].tolist()
+    values = priority[0].tolist()
+    sinks, window = budget["sinks"], budget["window"]
+    for query in range(n):
+        visible = {t for t in range(query + 1) if query < steps[t]}
+        expected = set(range(min(sinks, query + 1)))
+        expected |= set(range(max(sinks, query - window + 1), query + 1))
+        expected |= top_k_eligible(values, step=query, **budget)
+        assert visible == expected
+
+
+def test_eviction_steps_batch_dims_and_never_evicted_tokens():
+    priority = torch.randn(2, 3, 20)
+    steps = eviction_steps(priority, sinks=2, window=3, topk=100)
+    assert steps.shape == (2, 3, 20)
+    assert (steps == 20).all()  # the pool never fills: nothing is evicted
+
+
+def test_without_pool_tokens_leave_with_the_window():
+    steps = eviction_steps(torch.zeros(1, 10), sinks=2, window=3, topk=0)
+    assert steps.tolist() == [[10, 10, 5, 6, 7, 8, 9, 10, 10, 10]]
+
+
+def test_weakest_slot_prefers_empty_then_lowest_then_newest():
+    priority = torch.tensor([[1.0, 0.5, 0.5, float("-inf")], [1.0, 0.5, 0.5, 2.0]])
+    position = torch.tensor([[3, 7, 9, -1], [3, 7, 9, 1]])
+    assert weakest_slot(priority, position).tolist() == [[3], [2]]
+
+
+@given(
+    budget=budgets,
+    n=st.integers(1, 40),
+    distinct=st.sampled_from([None, 2, 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_boundary_decisions_match_brute_force(budget, n, distinct, seed):
+    priority = draw_priority(seed, 2, n, distinct)
+    decisions = running_topk_boundary(priority, **budget)
+    for row in range(2):
+        values = priority[row].tolist()
+        for query in range(n):
+            expected = boundary(values, query=query, **budget)
+            assert bool(decisions.valid[row, query]) == (expected is not None)
+            if expected is not None:
+                assert int(decisions.boundary[row, query]) == expected[0]
+                assert bool(decisions.keep[row, query]) == expected[1]
+                assert int(decisions.new[row, query]) == query - budget["window"]
+
+
+@pytest.mark.parametrize("function", [eviction_steps, streaming_eviction_steps, running_topk_boundary])
+def test_bad_inputs_raise(function):
+    with pytest.raises(ValueError, match="priority contains NaN"):
+        function(torch.tensor([1.0, float("nan")]), sinks=0, window=1, topk=1)
+    with pytest.raises(ValueError, match="window must be an integer >= 1, got 0"):
+        function(torch.zeros(4), sinks=0, window=0, topk=1)
+    with pytest.raises(ValueError, match="topk must be an integer >= 0, got -1"):
+        function(torch.zeros(4), sinks=0, window=1, topk=-1)
+    with pytest.raises(ValueError, match="priority must be a floating-point tensor"):
+        function(torch.zeros(4, dtype=torch.int64), sinks=0, window=1, topk=1)
+    with pytest.raises(ValueError, match="priority must have shape"):
+        function(torch.tensor(1.0), sinks=0, window=1, topk=1)
+
+
+def test_prefix_kth_smallest_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="k must be >= 0, got -1"):
+        prefix_kth_smallest(torch.tensor([1, 2]), -1)
+    with pytest.raises(ValueError, match="non-negative values"):
+        prefix_kth_smallest(torch.tensor([1, -2]), 0)
