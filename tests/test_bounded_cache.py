@@ -34,8 +34,12 @@ def run_decode(state, q, k, raw_k, v, **kwargs):
     return torch.cat(
         [
             decode_step(
-                state, q[:, :, i : i + 1], k[:, :, i : i + 1], raw_k[:, :, i : i + 1],
-                v[:, :, i : i + 1], **kwargs,
+                state,
+                q[:, :, i : i + 1],
+                k[:, :, i : i + 1],
+                raw_k[:, :, i : i + 1],
+                v[:, :, i : i + 1],
+                **kwargs,
             )
             for i in range(q.shape[2])
         ],
@@ -60,8 +64,15 @@ def test_prefill_equals_decode_steps(
     kind, sinks, window, topk, lam, n, extra, batch, kv_heads, group, seed
 ):
     config = KVpopConfig(
-        sinks=sinks, window=window, topk=topk, lam=lam, scorer=kind, memory_dim=4,
-        memory_value_dim=4, scorer_hidden=8, prefill_block=7,
+        sinks=sinks,
+        window=window,
+        topk=topk,
+        lam=lam,
+        scorer=kind,
+        memory_dim=4,
+        memory_value_dim=4,
+        scorer_hidden=8,
+        prefill_block=7,
     )
     head_dim = 8
     scorer = build_scorer(config, kv_heads, head_dim)
@@ -69,8 +80,12 @@ def test_prefill_equals_decode_steps(
     kwargs = {"scorer": scorer, "config": config, "scale": head_dim**-0.5}
     parallel = BoundedCacheState.empty(config, scorer, batch=batch, head_dim=head_dim)
     stepped = BoundedCacheState.empty(config, scorer, batch=batch, head_dim=head_dim)
-    out_parallel = prefill(parallel, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs)
-    out_stepped = run_decode(stepped, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs)
+    out_parallel = prefill(
+        parallel, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs
+    )
+    out_stepped = run_decode(
+        stepped, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs
+    )
     torch.testing.assert_close(out_parallel, out_stepped, **TOLERANCE)
     assert parallel.cached_positions() == stepped.cached_positions()
     assert int(parallel.seen) == int(stepped.seen) == n
@@ -102,8 +117,14 @@ def test_pool_holds_the_top_k_eligible_tokens(kind, sinks, window, topk, n, seed
     state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=4)
     kwargs = {"scorer": scorer, "config": config, "scale": 0.5}
     for step in range(n):
-        decode_step(state, q[:, :, step : step + 1], k[:, :, step : step + 1],
-                    raw_k[:, :, step : step + 1], v[:, :, step : step + 1], **kwargs)
+        decode_step(
+            state,
+            q[:, :, step : step + 1],
+            k[:, :, step : step + 1],
+            raw_k[:, :, step : step + 1],
+            v[:, :, step : step + 1],
+            **kwargs,
+        )
         for head in range(2):
             pool_positions = state.positions[0, head, sinks : sinks + topk]
             held = {int(p) for p in pool_positions if p >= 0}
@@ -112,7 +133,9 @@ def test_pool_holds_the_top_k_eligible_tokens(kind, sinks, window, topk, n, seed
             )
             assert held == expected
             stored = state.priorities[0, head][pool_positions >= 0]
-            torch.testing.assert_close(stored, priority[0, head, pool_positions[pool_positions >= 0]])
+            torch.testing.assert_close(
+                stored, priority[0, head, pool_positions[pool_positions >= 0]]
+            )
 
 
 @pytest.mark.parametrize("kind", list(ScorerKind))

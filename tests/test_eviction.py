@@ -51,7 +51,9 @@ def test_prefix_kth_smallest_matches_sorting(values, k):
 )
 def test_parallel_rule_equals_streaming_simulation(budget, n, rows, distinct, seed):
     priority = draw_priority(seed, rows, n, distinct)
-    assert torch.equal(eviction_steps(priority, **budget), streaming_eviction_steps(priority, **budget))
+    assert torch.equal(
+        eviction_steps(priority, **budget), streaming_eviction_steps(priority, **budget)
+    )
 
 
 @given(
@@ -111,7 +113,9 @@ def test_boundary_decisions_match_brute_force(budget, n, distinct, seed):
                 assert int(decisions.new[row, query]) == query - budget["window"]
 
 
-@pytest.mark.parametrize("function", [eviction_steps, streaming_eviction_steps, running_topk_boundary])
+@pytest.mark.parametrize(
+    "function", [eviction_steps, streaming_eviction_steps, running_topk_boundary]
+)
 def test_bad_inputs_raise(function):
     with pytest.raises(ValueError, match="priority contains NaN"):
         function(torch.tensor([1.0, float("nan")]), sinks=0, window=1, topk=1)

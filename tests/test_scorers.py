@@ -34,7 +34,9 @@ def recurrent_scores(scorer, k, v, window):
 )
 def test_parallel_scores_equal_recurrent_scores(kind, n, window, heads, head_dim, seed):
     generator = torch.Generator().manual_seed(seed)
-    scorer = build_scorer(KVpopConfig(scorer=kind, memory_dim=8, memory_value_dim=6), heads, head_dim)
+    scorer = build_scorer(
+        KVpopConfig(scorer=kind, memory_dim=8, memory_value_dim=6), heads, head_dim
+    )
     k = torch.randn(2, heads, n, head_dim, generator=generator)
     v = torch.randn(2, heads, n, head_dim, generator=generator)
     with torch.no_grad():
@@ -109,7 +111,7 @@ def test_learned_scorer_initialisation_is_seeded_and_leaves_global_rng_alone():
     a = build_scorer(KVpopConfig(scorer="mlp", seed=3), 2, 8, layer_idx=1)
     assert torch.equal(torch.rand(1), expected_next)
     b = build_scorer(KVpopConfig(scorer="mlp", seed=3), 2, 8, layer_idx=1)
-    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     assert isinstance(build_scorer(KVpopConfig(), 2, 8), MemoryScorer)
 
 

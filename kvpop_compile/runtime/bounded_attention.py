@@ -81,7 +81,9 @@ def evict_(
     slot = weakest + sinks  # (B, H, 1) cache slot of the weakest pool entry
 
     def overwrite(tensor: torch.Tensor, new: torch.Tensor) -> None:
-        index = slot if tensor.dim() == 3 else slot.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1])
+        index = (
+            slot if tensor.dim() == 3 else slot.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1])
+        )
         keep = wins if tensor.dim() == 3 else wins.unsqueeze(-1)
         tensor.scatter_(2, index, torch.where(keep, new.to(tensor.dtype), tensor.gather(2, index)))
 
@@ -170,7 +172,9 @@ def decode_step(
         raise ValueError(f"decode_step takes one token, got {q.shape[2]}; use prefill")
     attention_fed = isinstance(scorer, AttentionFedScorer)
     if not attention_fed:
-        state.scorer_state.copy_(scorer.update_state(state.scorer_state, raw_k[:, :, 0], v[:, :, 0]))
+        state.scorer_state.copy_(
+            scorer.update_state(state.scorer_state, raw_k[:, :, 0], v[:, :, 0])
+        )
     leaving = leaving_token(state, config)
     if attention_fed:
         rhat = leaving.statistic
@@ -178,9 +182,7 @@ def decode_step(
         rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
     evict_(state, leaving, rhat + config.lam * leaving.position.float(), config)
     write_token_(state, leaving, k, raw_k, v, config)
-    out, probs = bounded_decode_attention(
-        q, state.keys, state.values, state.positions, scale=scale
-    )
+    out, probs = bounded_decode_attention(q, state.keys, state.values, state.positions, scale=scale)
     if attention_fed:
         _refresh_attention_priorities(state, scorer, probs, config)
     state.seen.add_(1)
@@ -214,8 +216,14 @@ def prefill(
     if isinstance(scorer, AttentionFedScorer):
         steps = [
             decode_step(
-                state, q[:, :, i : i + 1], k[:, :, i : i + 1], raw_k[:, :, i : i + 1],
-                v[:, :, i : i + 1], scorer=scorer, config=config, scale=scale,
+                state,
+                q[:, :, i : i + 1],
+                k[:, :, i : i + 1],
+                raw_k[:, :, i : i + 1],
+                v[:, :, i : i + 1],
+                scorer=scorer,
+                config=config,
+                scale=scale,
             )
             for i in range(q.shape[2])
         ]
@@ -248,7 +256,9 @@ def _fill_after_prefill(state, k, raw_k, v, priority, steps, config: KVpopConfig
     in_window = torch.arange(min(max(sinks, n - window), n), n, device=device)
     ring = torch.remainder(in_window - sinks, window)
     put(sinks + topk + ring, in_window)
-    state.window_keys.index_copy_(2, ring, raw_k.index_select(2, in_window).to(state.window_keys.dtype))
+    state.window_keys.index_copy_(
+        2, ring, raw_k.index_select(2, in_window).to(state.window_keys.dtype)
+    )
 
     candidates = max(0, n - window - sinks)  # tokens that have left the window
     taken = min(topk, candidates)
@@ -262,8 +272,12 @@ def _fill_after_prefill(state, k, raw_k, v, priority, steps, config: KVpopConfig
     pool = slice(sinks, sinks + taken)
     gathered = position.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1])
     zero = torch.zeros((), dtype=state.keys.dtype, device=device)
-    state.keys[..., pool, :] = torch.where(valid.unsqueeze(-1), k.gather(2, gathered).to(zero.dtype), zero)
-    state.values[..., pool, :] = torch.where(valid.unsqueeze(-1), v.gather(2, gathered).to(zero.dtype), zero)
+    state.keys[..., pool, :] = torch.where(
+        valid.unsqueeze(-1), k.gather(2, gathered).to(zero.dtype), zero
+    )
+    state.values[..., pool, :] = torch.where(
+        valid.unsqueeze(-1), v.gather(2, gathered).to(zero.dtype), zero
+    )
     state.positions[..., pool] = torch.where(valid, position, torch.full_like(position, -1))
     state.priorities[..., :taken] = torch.where(
         valid, priority.gather(-1, position), torch.full_like(priority[..., :taken], float("-inf"))

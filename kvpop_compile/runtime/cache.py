@@ -31,7 +31,9 @@ class BoundedCacheState:
     positions: torch.Tensor  # (B, H, C) int64 token position per slot, -1 = empty
     priorities: torch.Tensor  # (B, H, K) float32 pool priorities, -inf = empty
     window_keys: torch.Tensor  # (B, H, W, D) pre-RoPE keys of the window ring (scorer input)
-    statistic: torch.Tensor  # (B, H, C) float32 attention received (attention-fed scorers) or (B, H, 0)
+    statistic: (
+        torch.Tensor
+    )  # (B, H, C) float32 attention received (attention-fed scorers) or (B, H, 0)
     scorer_state: torch.Tensor  # (B, H, *scorer.state_shape) float32 recurrent scorer state
     seen: torch.Tensor  # () int64 tokens written so far = position of the next token
 
@@ -56,7 +58,9 @@ class BoundedCacheState:
             values=torch.zeros(batch, heads, capacity, head_dim, dtype=dtype, device=device),
             positions=torch.empty(batch, heads, capacity, dtype=torch.int64, device=device),
             priorities=torch.empty(batch, heads, config.topk, device=device),
-            window_keys=torch.zeros(batch, heads, config.window, head_dim, dtype=dtype, device=device),
+            window_keys=torch.zeros(
+                batch, heads, config.window, head_dim, dtype=dtype, device=device
+            ),
             statistic=torch.zeros(batch, heads, stat_slots, device=device),
             scorer_state=scorer.init_state(batch, device),
             seen=torch.zeros((), dtype=torch.int64, device=device),

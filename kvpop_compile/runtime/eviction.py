@@ -241,7 +241,9 @@ def running_topk_boundary(
     if topk == 0 or m == 0:
         return invalid
     order = _rank_order(priority[..., first:])
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(m, device=device).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(m, device=device).expand_as(order)
+    )
     # Rank of the K-th strongest among the first r candidates, for r = 0..M.
     kth_rank = prefix_kth_smallest(rank, topk - 1)
     candidates_before = (query - window - first).clamp(min=0, max=m)  # (N,)

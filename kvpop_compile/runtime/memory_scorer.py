@@ -100,7 +100,9 @@ class MemoryScorer(Scorer):
             )
         scores = torch.zeros(batch, heads, n, device=k.device)
         if n > window:
-            scores[..., : n - window] = self._readout(x[..., : n - window, :], reads[..., window:, :])
+            scores[..., : n - window] = self._readout(
+                x[..., : n - window, :], reads[..., window:, :]
+            )
         return scores, state
 
     @staticmethod
@@ -117,7 +119,8 @@ class MemoryScorer(Scorer):
         carried = decay_in.exp().unsqueeze(-1) * (queries @ state.transpose(-1, -2))
         reads = carried + weights @ values
         to_end = (decay_in[..., -1:] - decay_in).exp() * gate  # (B, H, L)
-        new_state = decay_in[..., -1].exp()[..., None, None] * state + (
-            values * to_end.unsqueeze(-1)
-        ).transpose(-1, -2) @ keys
+        new_state = (
+            decay_in[..., -1].exp()[..., None, None] * state
+            + (values * to_end.unsqueeze(-1)).transpose(-1, -2) @ keys
+        )
         return reads, new_state

@@ -89,7 +89,8 @@ class Scorer(nn.Module):
         return state
 
     def score_tokens(self, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor):
-        """Stateless score: ``k, v (B, H, ..., D)``, ``position`` broadcastable → ``(B, H, ...)``."""
+        """Stateless score of ``k, v (B, H, ..., D)`` at ``position`` (broadcastable):
+        ``(B, H, ...)``."""
         raise NotImplementedError(f"{type(self).__name__} must define score_tokens")
 
     def score(self, state, k, v, position):

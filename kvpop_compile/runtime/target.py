@@ -45,9 +45,12 @@ def future_attention_target_dense(
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = query_group(q_heads, kv_heads)
-    scores = torch.einsum(
-        "bhgqd,bhkd->bhgqk", q.float().reshape(batch, kv_heads, group, n, dim), k.float()
-    ) * scale
+    scores = (
+        torch.einsum(
+            "bhgqd,bhkd->bhgqk", q.float().reshape(batch, kv_heads, group, n, dim), k.float()
+        )
+        * scale
+    )
     causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
     query = torch.arange(n, device=q.device)

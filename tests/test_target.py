@@ -1,0 +1,141 @@
+"""Future-attention target: transposed ≡ dense (invariant 5), no N x N allocation, and the
+losses built on it."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from kvpop_compile.runtime import (
+    boundary_accuracy,
+    boundary_decisions,
+    boundary_loss,
+    future_attention_target,
+    future_attention_target_dense,
+    masked_attention,
+    quantile_bce_loss,
+    regression_loss,
+)
+
+
+def make_qk(seed, batch, kv_heads, group, n, head_dim):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, kv_heads * group, n, head_dim, generator=generator)
+    k = torch.randn(batch, kv_heads, n, head_dim, generator=generator)
+    return q, k
+
+
+@given(
+    n=st.integers(1, 70),
+    window=st.integers(1, 12),
+    group=st.sampled_from([1, 2, 4]),
+    kv_heads=st.integers(1, 2),
+    block=st.integers(1, 33),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_transposed_target_equals_dense(n, window, group, kv_heads, block, seed):
+    q, k = make_qk(seed, 2, kv_heads, group, n, 16)
+    _, lse = masked_attention(q, k, k, None, scale=0.25)
+    dense, dense_valid = future_attention_target_dense(q, k, window=window, scale=0.25)
+    transposed, valid = future_attention_target(q, k, lse, window=window, scale=0.25, block=block)
+    assert torch.equal(valid, dense_valid)
+    assert valid.tolist() == [t + window < n for t in range(n)]
+    # Both are float32 logs of sums of at most n probabilities; the transposed form adds them in
+    # log space. Relative error of a sum of n float32 terms is <= n * eps (n <= 70 here), i.e.
+    # an absolute error in log space below 70 * 1.2e-7 ~ 1e-5.
+    torch.testing.assert_close(transposed, dense, rtol=0, atol=2e-5)
+
+
+def test_target_values_on_a_hand_computed_case():
+    # One head, keys all equal: causal attention is uniform, p_{d->t} = 1 / (d + 1).
+    n, window = 6, 2
+    q = torch.zeros(1, 1, n, 4)
+    k = torch.zeros(1, 1, n, 4)
+    target, valid = future_attention_target_dense(q, k, window=window, scale=1.0)
+    for t in range(n - window):
+        future = range(t + window, n)
+        expected = torch.tensor(sum(1 / (d + 1) for d in future) / len(future)).log()
+        torch.testing.assert_close(target[0, 0, t], expected)
+    assert not valid[n - window :].any() and (target[0, 0, n - window :] == 0).all()
+
+
+class LargestAllocation(TorchDispatchMode):
+    """Records the element count of the largest tensor any op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.largest = max(self.largest, leaf.numel())
+        return out
+
+
+def test_transposed_target_never_allocates_n_by_n():
+    n, head_dim = 8192, 64
+    q, k = make_qk(0, 1, 2, 1, n, head_dim)
+    _, lse = masked_attention(q, k, k, None, scale=head_dim**-0.5, block=64)
+    with LargestAllocation() as recorder:
+        target, valid = future_attention_target(q, k, lse, window=32, scale=head_dim**-0.5)
+    # Largest scratch: (B, Hkv, G, N, block) = 2 * 8192 * 64 elements; N x N is 64x larger.
+    assert recorder.largest <= 2 * n * 64
+    assert recorder.largest < n * n // 32
+    assert torch.isfinite(target[..., valid]).all()
+
+
+def test_boundary_loss_prefers_the_target_order():
+    q, k = make_qk(1, 1, 2, 2, 64, 16)
+    target, valid = future_attention_target_dense(q, k, window=4, scale=0.25)
+    decisions = boundary_decisions(target, sinks=2, window=4, topk=8, lam=0.0)
+    assert decisions.valid.any()
+    assert boundary_accuracy(target, decisions) == 1.0
+    assert boundary_accuracy(-target, decisions) < 0.5
+    assert boundary_loss(target * 10, decisions) < boundary_loss(-target * 10, decisions)
+    # The loss is differentiable in the predicted priorities.
+    predicted = torch.zeros_like(target, requires_grad=True)
+    boundary_loss(predicted, decisions).backward()
+    assert predicted.grad.abs().sum() > 0
+
+
+def test_boundary_loss_without_decisions_is_zero_and_differentiable():
+    target = torch.zeros(1, 1, 5)
+    decisions = boundary_decisions(target, sinks=0, window=4, topk=0, lam=0.0)
+    predicted = torch.randn(1, 1, 5, requires_grad=True)
+    loss = boundary_loss(predicted, decisions)
+    loss.backward()
+    assert loss == 0 and torch.isnan(boundary_accuracy(predicted, decisions))
+
+
+def test_alternative_losses():
+    target = torch.randn(2, 3, 20)
+    valid = torch.arange(20) < 15
+    assert regression_loss(target, target, valid) == 0
+    torch.testing.assert_close(regression_loss(target + 2.0, target, valid), torch.tensor(4.0))
+    good = quantile_bce_loss(target * 50, target, valid, keep_fraction=0.5)
+    bad = quantile_bce_loss(-target * 50, target, valid, keep_fraction=0.5)
+    assert good < bad
+
+
+def test_bad_arguments_raise():
+    q, k = make_qk(0, 1, 1, 1, 8, 4)
+    _, lse = masked_attention(q, k, k, None, scale=0.5)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        future_attention_target(q, k, lse, window=0, scale=0.5)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        future_attention_target_dense(q, k, window=0, scale=0.5)
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        future_attention_target(q, k, lse, window=1, scale=0.5, block=0)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 1, 8\)"):
+        future_attention_target(q, k, lse[..., :4], window=1, scale=0.5)
+    decisions = boundary_decisions(torch.zeros(1, 8), sinks=0, window=1, topk=1, lam=0.0)
+    with pytest.raises(ValueError, match="tau must be > 0, got 0"):
+        boundary_loss(torch.zeros(1, 8), decisions, tau=0)
+    with pytest.raises(ValueError, match=r"keep_fraction must be in \(0, 1\), got 1.5"):
+        quantile_bce_loss(
+            torch.zeros(8), torch.zeros(8), torch.ones(8, dtype=torch.bool), keep_fraction=1.5
+        )
