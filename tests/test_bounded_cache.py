@@ -208,3 +208,9 @@ def test_bad_inputs_raise_clear_errors():
         prefill(state, q, k, raw_k[:, :, :2], v, **kwargs)
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         BoundedCacheState.empty(config, scorer, batch=0, head_dim=8)
+
+
+def test_masked_attention_rejects_bad_block():
+    q, k, _, v = make_inputs(0, 1, 1, 1, 4, 4)
+    with pytest.raises(ValueError, match="block must be >= 1, got 0"):
+        masked_attention(q, k, v, None, scale=0.5, block=0)

@@ -21,3 +21,8 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "tokens must be >= 2, got 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["no-such-command"])
+
+
+def test_demo_rejects_too_small_a_capacity():
+    with pytest.raises(ValueError, match="capacity must be >= 8, got 4"):
+        run_demo(tokens=16, capacity=4)
