@@ -10,6 +10,7 @@ from policy_oracles import top_k_eligible
 from kvpop_compile import KVpopConfig, ScorerKind
 from kvpop_compile.runtime import (
     BoundedCacheState,
+    WindowScorer,
     build_scorer,
     decode_step,
     masked_attention,
@@ -175,6 +176,61 @@ def test_cache_size_is_fixed_and_bounded():
     assert [t.shape for t in state.tensors()] == shapes
     held = state.cached_positions()[0][0]
     assert len(held) == config.capacity and held[:2] == [0, 1] and held[-4:] == [56, 57, 58, 59]
+
+
+@pytest.mark.parametrize("kind", ["memory", "mlp", "knorm"])
+def test_prefill_equals_decode_with_float32_inputs_into_a_bf16_cache(kind):
+    # Decode scores a leaving token from the cache's bf16 copies; prefill must round its inputs
+    # the same way or the two paths keep different tokens.
+    config = KVpopConfig(sinks=1, window=3, topk=4, scorer=kind)
+    scorer = build_scorer(config, 2, 8)
+    for seed in range(40):
+        q, k, raw_k, v = make_inputs(seed, 1, 2, 1, 30, 8)
+        kwargs = {"scorer": scorer, "config": config, "scale": 0.3}
+        parallel = BoundedCacheState.empty(
+            config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16
+        )
+        stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16)
+        prefill(parallel, q, k, raw_k, v, **kwargs)
+        run_decode(stepped, q, k, raw_k, v, **kwargs)
+        assert parallel.cached_positions() == stepped.cached_positions(), seed
+
+
+class MinusInfinityEveryThirdToken(WindowScorer):
+    """Newest wins, except that every third token is never worth keeping."""
+
+    def score_tokens(self, k, v, position):
+        score = super().score_tokens(k, v, position)
+        return score.masked_fill(position % 3 == 2, float("-inf"))
+
+
+def test_minus_infinity_scores_still_fill_free_pool_slots():
+    config = KVpopConfig(sinks=0, window=1, topk=4, scorer="window")
+    scorer = MinusInfinityEveryThirdToken(2, 8)
+    q, k, raw_k, v = make_inputs(0, 1, 2, 1, 6, 8)
+    kwargs = {"scorer": scorer, "config": config, "scale": 0.3}
+    parallel = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    first5 = tuple(x[:, :, :5] for x in (q, k, raw_k, v))
+    out = prefill(parallel, *first5, **kwargs)
+    torch.testing.assert_close(out, run_decode(stepped, *first5, **kwargs), **TOLERANCE)
+    # Token 2 scores -inf but found a free pool slot, so it is still held after 5 tokens.
+    assert parallel.cached_positions()[0] == stepped.cached_positions()[0] == [[0, 1, 2, 3, 4]] * 2
+    # Token 4 then takes the slot of the weakest entry, token 2.
+    last = tuple(x[:, :, 5:] for x in (q, k, raw_k, v))
+    run_decode(stepped, *last, **kwargs)
+    assert stepped.cached_positions()[0] == [[0, 1, 3, 4, 5]] * 2
+
+
+@pytest.mark.parametrize("kind", ["memory", "h2o"])
+def test_prefill_of_no_tokens_leaves_an_empty_cache(kind):
+    config = KVpopConfig(sinks=1, window=2, topk=2, scorer=kind)
+    scorer = build_scorer(config, 2, 8)
+    state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    q, k, raw_k, v = make_inputs(0, 1, 2, 1, 0, 8)
+    out = prefill(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    assert out.shape == (1, 2, 0, 8) and int(state.seen) == 0
+    assert state.cached_positions() == [[[], []]]
 
 
 def test_bf16_cache_keeps_dtype_and_matches_float32():

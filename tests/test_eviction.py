@@ -25,11 +25,13 @@ budgets = st.fixed_dictionaries(
 
 
 def draw_priority(seed: int, rows: int, n: int, distinct: int | None) -> torch.Tensor:
-    """Priorities from a seed; ``distinct`` values only, to force ties, or continuous."""
+    """Priorities from a seed: continuous (``distinct=None``), or ``distinct`` values only to
+    force ties, the lowest of them ``-inf`` (a score a user may give to never keep a token)."""
     generator = torch.Generator().manual_seed(seed)
     if distinct is None:
         return torch.randn(rows, n, generator=generator)
-    return torch.randint(0, distinct, (rows, n), generator=generator).float()
+    levels = torch.randint(0, distinct, (rows, n), generator=generator).float()
+    return levels.masked_fill(levels == 0, float("-inf")) if distinct > 1 else levels
 
 
 @given(
@@ -85,6 +87,24 @@ def test_eviction_steps_batch_dims_and_never_evicted_tokens():
 def test_without_pool_tokens_leave_with_the_window():
     steps = eviction_steps(torch.zeros(1, 10), sinks=2, window=3, topk=0)
     assert steps.tolist() == [[10, 10, 5, 6, 7, 8, 9, 10, 10, 10]]
+
+
+def test_free_pool_slot_is_taken_even_by_minus_infinity():
+    never = torch.full((1, 6), float("-inf"))
+    expected = [[6, 6, 3, 4, 5, 6]]  # two pool slots: tokens 0 and 1 fill them and stay
+    assert eviction_steps(never, sinks=0, window=1, topk=2).tolist() == expected
+    assert streaming_eviction_steps(never, sinks=0, window=1, topk=2).tolist() == expected
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 5), (0,)])
+def test_empty_inputs(shape):
+    priority = torch.zeros(shape)
+    n = shape[-1]
+    for function in (eviction_steps, streaming_eviction_steps):
+        steps = function(priority, sinks=1, window=1, topk=1)
+        assert steps.shape == shape and (steps == n).all()
+    assert not running_topk_boundary(priority, sinks=1, window=1, topk=1).valid.any()
+    assert prefix_kth_smallest(priority.long(), 0).shape == (*shape[:-1], n + 1)
 
 
 def test_weakest_slot_prefers_empty_then_lowest_then_newest():

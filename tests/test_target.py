@@ -111,6 +111,17 @@ def test_boundary_loss_without_decisions_is_zero_and_differentiable():
     assert loss == 0 and torch.isnan(boundary_accuracy(predicted, decisions))
 
 
+def test_boundary_loss_ignores_infinite_priorities_outside_decisions():
+    target = torch.randn(1, 1, 12)
+    target[0, 0, 0] = 10.0  # the strongest token is never the weakest of a full pool
+    decisions = boundary_decisions(target, sinks=0, window=2, topk=2, lam=0.0)
+    predicted = target.clone()
+    predicted[0, 0, 0] = float("-inf")  # gathered only by queries without a decision
+    valid_tokens = torch.cat([decisions.new[decisions.valid], decisions.boundary[decisions.valid]])
+    assert 0 not in valid_tokens.tolist()
+    assert torch.isfinite(boundary_loss(predicted, decisions))
+
+
 def test_alternative_losses():
     target = torch.randn(2, 3, 20)
     valid = torch.arange(20) < 15

@@ -17,7 +17,7 @@ import torch
 from ..config import KVpopConfig
 from .attention import bounded_decode_attention, masked_attention, query_group
 from .cache import BoundedCacheState
-from .eviction import beats, eviction_steps, weakest_slot
+from .eviction import enters_pool, eviction_steps, weakest_slot
 from .scorers import AttentionFedScorer, Scorer
 
 
@@ -66,8 +66,8 @@ def evict_(
     """Move the leaving token into the pool if it beats the pool's weakest entry.
 
     ``priority (B, H)``. Argmin over the pool, compare, conditional overwrite of key, value,
-    priority, position (and attention statistic) — per (batch, head), in place. A token that
-    loses is dropped: the new token overwrites its ring slot next."""
+    priority, position (and attention statistic) — per (batch, head), in place. A free slot
+    is always taken. A token that loses is dropped: the new token overwrites its ring slot next."""
     if config.topk == 0:
         return
     sinks, topk = config.sinks, config.topk
@@ -77,7 +77,7 @@ def evict_(
     old_position = pool_positions.gather(2, weakest)
     new_priority = priority.unsqueeze(-1).to(state.priorities.dtype)
     new_position = leaving.position.unsqueeze(-1)
-    wins = (new_position >= 0) & beats(new_priority, new_position, old_priority, old_position)
+    wins = enters_pool(new_priority, new_position, old_priority, old_position)
     slot = weakest + sinks  # (B, H, 1) cache slot of the weakest pool entry
 
     def overwrite(tensor: torch.Tensor, new: torch.Tensor) -> None:
@@ -128,7 +128,11 @@ def _refresh_attention_priorities(
     state.priorities.copy_(torch.where(pool_positions >= 0, priority, empty))
 
 
-def _check_inputs(state, q, k, raw_k, v) -> None:
+def _check_inputs(state, q, k, raw_k, v):
+    """Validate shapes; return ``k, raw_k, v`` in the cache's dtype.
+
+    Both paths must score the same numbers: decode scores a leaving token from the cache's
+    copies, so prefill must see keys and values rounded to the cache's dtype too."""
     if q.dim() != 4 or k.shape != raw_k.shape or k.shape != v.shape or k.dim() != 4:
         raise ValueError(
             "expected q (B, Hq, N, D) and k, raw_k, v of one shape (B, Hkv, N, D); got "
@@ -143,6 +147,7 @@ def _check_inputs(state, q, k, raw_k, v) -> None:
             f"inputs of (batch, kv_heads, head_dim) {got} and q {tuple(q.shape)} do not match "
             f"the cache's {expected}"
         )
+    return tuple(x.to(state.keys.dtype) for x in (k, raw_k, v))
 
 
 @torch.no_grad()
@@ -167,7 +172,7 @@ def decode_step(
     Returns:
         ``(B, Hq, 1, D)`` attention output over sinks + pool + window (the new token included).
     """
-    _check_inputs(state, q, k, raw_k, v)
+    k, raw_k, v = _check_inputs(state, q, k, raw_k, v)
     if q.shape[2] != 1:
         raise ValueError(f"decode_step takes one token, got {q.shape[2]}; use prefill")
     attention_fed = isinstance(scorer, AttentionFedScorer)
@@ -205,13 +210,16 @@ def prefill(
 
     Same arguments as :func:`decode_step` with ``N`` tokens. Scores come from the scorer's
     parallel form, eviction steps from the parallel rule, and attention runs under the
-    eviction-step mask in query blocks (``O(block * N)`` memory). The cache ends exactly as after
-    N decode steps. Attention-fed scorers have no parallel form: they run step by step.
+    eviction-step mask in query blocks (``O(block * N)`` memory). The cache ends as after
+    N decode steps: the same tokens in the same slots with the same keys, values, priorities
+    and scorer state (to float rounding), except that pool slots may be in another order and
+    empty ring slots may hold other stale values, neither of which any later step reads.
+    Attention-fed scorers have no parallel form: they run step by step.
 
     Returns:
         ``(B, Hq, N, D)`` attention outputs.
     """
-    _check_inputs(state, q, k, raw_k, v)
+    k, raw_k, v = _check_inputs(state, q, k, raw_k, v)
     state.reset_()
     if isinstance(scorer, AttentionFedScorer):
         steps = [
@@ -227,7 +235,7 @@ def prefill(
             )
             for i in range(q.shape[2])
         ]
-        return torch.cat(steps, dim=2)
+        return torch.cat(steps, dim=2) if steps else torch.empty_like(q)
     n = q.shape[2]
     rhat, final_scorer_state = scorer.score_sequence(raw_k, v, config.window)
     priority = rhat + config.lam * torch.arange(n, device=q.device, dtype=torch.float32)

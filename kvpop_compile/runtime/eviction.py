@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 # Position given to an empty pool slot when looking for the weakest entry: larger than any real
-# position, so an empty slot (priority -inf) loses every tie and is always filled first.
+# position, so among entries of priority -inf an empty slot is the one chosen.
 EMPTY_SLOT_POSITION = torch.iinfo(torch.int64).max
 
 
@@ -48,6 +48,19 @@ def beats(
 ) -> torch.Tensor:
     """Whether token a beats token b: higher priority, or equal priority and older. Broadcasts."""
     return (priority_a > priority_b) | ((priority_a == priority_b) & (position_a < position_b))
+
+
+def enters_pool(
+    priority: torch.Tensor,
+    position: torch.Tensor,
+    slot_priority: torch.Tensor,
+    slot_position: torch.Tensor,
+) -> torch.Tensor:
+    """Whether a token leaving the window (``position >= 0``) takes the pool's weakest slot: the
+    slot is empty (``slot_position < 0``), or the token beats its entry. Broadcasts."""
+    return (position >= 0) & (
+        (slot_position < 0) | beats(priority, position, slot_priority, slot_position)
+    )
 
 
 def weakest_slot(priority: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -87,8 +100,8 @@ def prefix_kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"k must be >= 0, got {k}")
     *lead, m = values.shape
     device = values.device
-    if m == 0:
-        return torch.full((*lead, 1), -1, dtype=torch.int64, device=device)
+    if values.numel() == 0:
+        return torch.full((*lead, m + 1), -1, dtype=torch.int64, device=device)
     rows = values.reshape(-1, m).to(torch.int64)
     num_rows = rows.shape[0]
     result = torch.zeros(num_rows, m + 1, dtype=torch.int64, device=device)
@@ -148,7 +161,7 @@ def eviction_steps(priority: torch.Tensor, *, sinks: int, window: int, topk: int
     steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     first = min(sinks, n)
     m = n - first
-    if m == 0:
+    if m == 0 or priority.numel() == 0:
         return steps
     local = torch.arange(m, device=priority.device)
     if topk == 0:
@@ -173,9 +186,11 @@ def streaming_eviction_steps(
     _check_budget(sinks, window, topk)
     _check_priority(priority)
     *lead, n = priority.shape
+    device = priority.device
+    if priority.numel() == 0:
+        return torch.full(priority.shape, n, dtype=torch.int64, device=device)
     rows = priority.reshape(-1, n)
     num_rows = rows.shape[0]
-    device = priority.device
     steps = torch.full((num_rows, n), n, dtype=torch.int64, device=device)
     pool_priority = torch.full((num_rows, topk), float("-inf"), dtype=rows.dtype, device=device)
     pool_position = torch.full((num_rows, topk), -1, dtype=torch.int64, device=device)
@@ -192,7 +207,7 @@ def streaming_eviction_steps(
         slot = weakest_slot(pool_priority, pool_position).squeeze(-1)
         old_priority = pool_priority[row_index, slot]
         old_position = pool_position[row_index, slot]
-        wins = beats(new_priority, new_position, old_priority, old_position)
+        wins = enters_pool(new_priority, new_position, old_priority, old_position)
         loser = torch.where(wins, old_position, new_position)
         has_loser = loser >= 0
         steps[row_index[has_loser], loser[has_loser]] = step
@@ -238,7 +253,7 @@ def running_topk_boundary(
         keep=torch.zeros(*lead, n, dtype=torch.bool, device=device),
         valid=torch.zeros(*lead, n, dtype=torch.bool, device=device),
     )
-    if topk == 0 or m == 0:
+    if topk == 0 or m == 0 or priority.numel() == 0:
         return invalid
     order = _rank_order(priority[..., first:])
     rank = torch.empty_like(order).scatter_(

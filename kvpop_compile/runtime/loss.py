@@ -51,10 +51,13 @@ def boundary_loss(
         raise ValueError(f"tau must be > 0, got {tau}")
     new, boundary = _pair(pred_priority, decisions)
     sign = decisions.keep.float() * 2 - 1
-    losses = F.softplus(-sign * (new - boundary) / tau)
     valid = decisions.valid
-    # Zero-weight sum when there is nothing to learn, so backward still works.
-    return (losses * valid).sum() / valid.sum().clamp(min=1)
+    # Invalid queries point at arbitrary tokens; `where` (not a product) keeps an infinite
+    # priority there from turning the mean into NaN. With nothing valid the loss is a zero that
+    # still backpropagates.
+    margin = torch.where(valid, new - boundary, torch.zeros_like(new))
+    losses = torch.where(valid, F.softplus(-sign * margin / tau), torch.zeros_like(new))
+    return losses.sum() / valid.sum().clamp(min=1)
 
 
 def boundary_accuracy(pred_priority: torch.Tensor, decisions: BoundaryDecisions) -> torch.Tensor:
