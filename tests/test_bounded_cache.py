@@ -13,6 +13,7 @@ from kvpop_compile.runtime import (
     WindowScorer,
     build_scorer,
     decode_step,
+    decode_tokens,
     masked_attention,
     prefill,
 )
@@ -29,23 +30,6 @@ def make_inputs(seed, batch, kv_heads, group, n, head_dim, dtype=torch.float32):
     q = torch.randn(batch, kv_heads * group, n, head_dim, generator=generator)
     k, raw_k, v = (torch.randn(*shape, generator=generator) for _ in range(3))
     return tuple(x.to(dtype) for x in (q, k, raw_k, v))
-
-
-def run_decode(state, q, k, raw_k, v, **kwargs):
-    return torch.cat(
-        [
-            decode_step(
-                state,
-                q[:, :, i : i + 1],
-                k[:, :, i : i + 1],
-                raw_k[:, :, i : i + 1],
-                v[:, :, i : i + 1],
-                **kwargs,
-            )
-            for i in range(q.shape[2])
-        ],
-        dim=2,
-    )
 
 
 @given(
@@ -84,7 +68,7 @@ def test_prefill_equals_decode_steps(
     out_parallel = prefill(
         parallel, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs
     )
-    out_stepped = run_decode(
+    out_stepped = decode_tokens(
         stepped, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs
     )
     torch.testing.assert_close(out_parallel, out_stepped, **TOLERANCE)
@@ -95,7 +79,9 @@ def test_prefill_equals_decode_steps(
         return
     rest = tuple(x[:, :, n:] for x in (q, k, raw_k, v))
     torch.testing.assert_close(
-        run_decode(parallel, *rest, **kwargs), run_decode(stepped, *rest, **kwargs), **TOLERANCE
+        decode_tokens(parallel, *rest, **kwargs),
+        decode_tokens(stepped, *rest, **kwargs),
+        **TOLERANCE,
     )
     assert parallel.cached_positions() == stepped.cached_positions()
 
@@ -151,7 +137,7 @@ def test_capacity_at_least_sequence_gives_full_causal_attention(kind, group):
     out = prefill(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     torch.testing.assert_close(out, full, **TOLERANCE)
     state.reset_()
-    stepped = run_decode(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    stepped = decode_tokens(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     torch.testing.assert_close(stepped, full, **TOLERANCE)
 
 
@@ -171,7 +157,7 @@ def test_cache_size_is_fixed_and_bounded():
     before = state.nbytes
     shapes = [t.shape for t in state.tensors()]
     q, k, raw_k, v = make_inputs(0, 1, 2, 2, 60, 8)
-    run_decode(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    decode_tokens(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     assert state.nbytes == before
     assert [t.shape for t in state.tensors()] == shapes
     held = state.cached_positions()[0][0]
@@ -192,7 +178,7 @@ def test_prefill_equals_decode_with_float32_inputs_into_a_bf16_cache(kind):
         )
         stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16)
         prefill(parallel, q, k, raw_k, v, **kwargs)
-        run_decode(stepped, q, k, raw_k, v, **kwargs)
+        decode_tokens(stepped, q, k, raw_k, v, **kwargs)
         assert parallel.cached_positions() == stepped.cached_positions(), seed
 
 
@@ -213,12 +199,12 @@ def test_minus_infinity_scores_still_fill_free_pool_slots():
     stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
     first5 = tuple(x[:, :, :5] for x in (q, k, raw_k, v))
     out = prefill(parallel, *first5, **kwargs)
-    torch.testing.assert_close(out, run_decode(stepped, *first5, **kwargs), **TOLERANCE)
+    torch.testing.assert_close(out, decode_tokens(stepped, *first5, **kwargs), **TOLERANCE)
     # Token 2 scores -inf but found a free pool slot, so it is still held after 5 tokens.
     assert parallel.cached_positions()[0] == stepped.cached_positions()[0] == [[0, 1, 2, 3, 4]] * 2
     # Token 4 then takes the slot of the weakest entry, token 2.
     last = tuple(x[:, :, 5:] for x in (q, k, raw_k, v))
-    run_decode(stepped, *last, **kwargs)
+    decode_tokens(stepped, *last, **kwargs)
     assert stepped.cached_positions()[0] == [[0, 1, 3, 4, 5]] * 2
 
 

@@ -5,7 +5,14 @@ kernels and graph passes built on it.
 """
 
 from .attention import bounded_decode_attention, masked_attention
-from .bounded_attention import decode_step, evict_, leaving_token, prefill, write_token_
+from .bounded_attention import (
+    decode_step,
+    decode_tokens,
+    evict_,
+    leaving_token,
+    prefill,
+    write_token_,
+)
 from .cache import BoundedCacheState
 from .eviction import (
     BoundaryDecisions,
@@ -53,6 +60,7 @@ __all__ = [
     "bounded_decode_attention",
     "build_scorer",
     "decode_step",
+    "decode_tokens",
     "evict_",
     "eviction_steps",
     "future_attention_target",

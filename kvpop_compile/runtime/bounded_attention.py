@@ -195,6 +195,36 @@ def decode_step(
 
 
 @torch.no_grad()
+def decode_tokens(
+    state: BoundedCacheState,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    raw_k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scorer: Scorer,
+    config: KVpopConfig,
+    scale: float,
+) -> torch.Tensor:
+    """N tokens through :func:`decode_step`, one after another (the streaming oracle of
+    :func:`prefill`, and the prefill of attention-fed scorers). Shapes as in :func:`prefill`."""
+    steps = [
+        decode_step(
+            state,
+            q[:, :, i : i + 1],
+            k[:, :, i : i + 1],
+            raw_k[:, :, i : i + 1],
+            v[:, :, i : i + 1],
+            scorer=scorer,
+            config=config,
+            scale=scale,
+        )
+        for i in range(q.shape[2])
+    ]
+    return torch.cat(steps, dim=2) if steps else torch.empty_like(q)
+
+
+@torch.no_grad()
 def prefill(
     state: BoundedCacheState,
     q: torch.Tensor,
@@ -222,20 +252,7 @@ def prefill(
     k, raw_k, v = _check_inputs(state, q, k, raw_k, v)
     state.reset_()
     if isinstance(scorer, AttentionFedScorer):
-        steps = [
-            decode_step(
-                state,
-                q[:, :, i : i + 1],
-                k[:, :, i : i + 1],
-                raw_k[:, :, i : i + 1],
-                v[:, :, i : i + 1],
-                scorer=scorer,
-                config=config,
-                scale=scale,
-            )
-            for i in range(q.shape[2])
-        ]
-        return torch.cat(steps, dim=2) if steps else torch.empty_like(q)
+        return decode_tokens(state, q, k, raw_k, v, scorer=scorer, config=config, scale=scale)
     n = q.shape[2]
     rhat, final_scorer_state = scorer.score_sequence(raw_k, v, config.window)
     priority = rhat + config.lam * torch.arange(n, device=q.device, dtype=torch.float32)
