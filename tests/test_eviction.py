@@ -39,7 +39,7 @@ def draw_priority(seed: int, rows: int, n: int, distinct: int | None) -> torch.T
     k=st.integers(0, 6),
 )
 def test_prefix_kth_smallest_matches_sorting(values, k):
-    result = prefix_kth_smallest(torch.tensor(values, dtype=torch.int64), k).tolist()
+    result = prefix_kth_smallest(torch.tensor(values, dtype=torch.int64), k, bound=41).tolist()
     expected = [sorted(values[:r])[k] if r > k else -1 for r in range(len(values) + 1)]
     assert result == expected
 
@@ -152,5 +152,7 @@ def test_bad_inputs_raise(function):
 def test_prefix_kth_smallest_rejects_bad_arguments():
     with pytest.raises(ValueError, match="k must be >= 0, got -1"):
         prefix_kth_smallest(torch.tensor([1, 2]), -1)
-    with pytest.raises(ValueError, match="non-negative values"):
+    with pytest.raises(ValueError, match=r"needs values in \[0, 2\)"):
         prefix_kth_smallest(torch.tensor([1, -2]), 0)
+    with pytest.raises(ValueError, match=r"needs values in \[0, 5\)"):
+        prefix_kth_smallest(torch.tensor([1, 5]), 0, bound=5)

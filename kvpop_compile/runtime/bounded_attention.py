@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from ..config import KVpopConfig
-from .attention import bounded_decode_attention, masked_attention, query_group
+from . import ops  # noqa: F401  (registers the kvpop ops)
+from .attention import query_group
 from .cache import BoundedCacheState
-from .eviction import enters_pool, eviction_steps, weakest_slot
+from .cache_update import window_slot
 from .scorers import AttentionFedScorer, Scorer
 
 
@@ -41,9 +42,7 @@ def _select(tensor: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor
 def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken:
     """The window ring entry the next token overwrites: token ``seen - window`` once the window
     is full (and it is not a sink), otherwise an empty slot (``position == -1``)."""
-    sinks, topk, window = config.sinks, config.topk, config.window
-    ring = torch.remainder(state.seen - sinks, window)
-    slot = sinks + topk + ring
+    ring, slot = window_slot(state.seen, config.sinks, config.topk, config.window)
     statistic = (
         _select(state.statistic, 2, slot)
         if state.statistic.shape[-1]
@@ -63,56 +62,28 @@ def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken
 def evict_(
     state: BoundedCacheState, leaving: LeavingToken, priority: torch.Tensor, config: KVpopConfig
 ) -> None:
-    """Move the leaving token into the pool if it beats the pool's weakest entry.
-
-    ``priority (B, H)``. Argmin over the pool, compare, conditional overwrite of key, value,
-    priority, position (and attention statistic) — per (batch, head), in place. A free slot
-    is always taken. A token that loses is dropped: the new token overwrites its ring slot next."""
-    if config.topk == 0:
-        return
-    sinks, topk = config.sinks, config.topk
-    pool_positions = state.positions[..., sinks : sinks + topk]
-    weakest = weakest_slot(state.priorities, pool_positions)  # (B, H, 1)
-    old_priority = state.priorities.gather(2, weakest)
-    old_position = pool_positions.gather(2, weakest)
-    new_priority = priority.unsqueeze(-1).to(state.priorities.dtype)
-    new_position = leaving.position.unsqueeze(-1)
-    wins = enters_pool(new_priority, new_position, old_priority, old_position)
-    slot = weakest + sinks  # (B, H, 1) cache slot of the weakest pool entry
-
-    def overwrite(tensor: torch.Tensor, new: torch.Tensor) -> None:
-        index = (
-            slot if tensor.dim() == 3 else slot.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1])
-        )
-        keep = wins if tensor.dim() == 3 else wins.unsqueeze(-1)
-        tensor.scatter_(2, index, torch.where(keep, new.to(tensor.dtype), tensor.gather(2, index)))
-
-    overwrite(state.keys, leaving.key.unsqueeze(2))
-    overwrite(state.values, leaving.value.unsqueeze(2))
-    overwrite(state.positions, new_position)
-    if state.statistic.shape[-1]:
-        overwrite(state.statistic, leaving.statistic.unsqueeze(-1))
-    state.priorities.scatter_(2, weakest, torch.where(wins, new_priority, old_priority))
+    """Move the leaving token into the pool if it beats the pool's weakest entry
+    (``kvpop::evict``; ``priority (B, H)``). A free slot is always taken."""
+    torch.ops.kvpop.evict(
+        state.keys, state.values, state.positions, state.priorities, state.statistic,
+        leaving.key, leaving.value, leaving.position, leaving.statistic, priority,
+        config.sinks, config.topk,
+    )  # fmt: skip
 
 
 def write_token_(
     state: BoundedCacheState,
-    leaving: LeavingToken,
     key: torch.Tensor,
     raw_key: torch.Tensor,
     value: torch.Tensor,
     config: KVpopConfig,
 ) -> None:
     """Write the new token (``(B, H, 1, D)`` each) at position ``seen``: a sink slot for
-    ``seen < sinks``, otherwise the ring slot the leaving token vacated."""
-    position = state.seen
-    slot = torch.where(position < config.sinks, position, leaving.slot).view(1)
-    state.keys.index_copy_(2, slot, key.to(state.keys.dtype))
-    state.values.index_copy_(2, slot, value.to(state.values.dtype))
-    state.positions.index_copy_(2, slot, position.expand(*state.positions.shape[:2], 1))
-    state.window_keys.index_copy_(2, leaving.ring.view(1), raw_key.to(state.window_keys.dtype))
-    if state.statistic.shape[-1]:
-        state.statistic.index_fill_(2, slot, 0.0)
+    ``seen < sinks``, otherwise the ring slot the leaving token vacated (``kvpop::write_token``)."""
+    torch.ops.kvpop.write_token(
+        state.keys, state.values, state.positions, state.window_keys, state.statistic,
+        state.seen, key, raw_key, value, config.sinks, config.topk, config.window,
+    )  # fmt: skip
 
 
 def _refresh_attention_priorities(
@@ -186,8 +157,10 @@ def decode_step(
     else:
         rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
     evict_(state, leaving, rhat + config.lam * leaving.position.float(), config)
-    write_token_(state, leaving, k, raw_k, v, config)
-    out, probs = bounded_decode_attention(q, state.keys, state.values, state.positions, scale=scale)
+    write_token_(state, k, raw_k, v, config)
+    out, probs = torch.ops.kvpop.decode_attention(
+        q, state.keys, state.values, state.positions, scale
+    )
     if attention_fed:
         _refresh_attention_priorities(state, scorer, probs, config)
     state.seen.add_(1)
@@ -256,8 +229,8 @@ def prefill(
     n = q.shape[2]
     rhat, final_scorer_state = scorer.score_sequence(raw_k, v, config.window)
     priority = rhat + config.lam * torch.arange(n, device=q.device, dtype=torch.float32)
-    steps = eviction_steps(priority, sinks=config.sinks, window=config.window, topk=config.topk)
-    out, _ = masked_attention(q, k, v, steps, scale=scale, block=config.prefill_block)
+    steps = torch.ops.kvpop.eviction_steps(priority, config.sinks, config.window, config.topk)
+    out, _ = torch.ops.kvpop.masked_attention(q, k, v, steps, scale, config.prefill_block)
     _fill_after_prefill(state, k, raw_k, v, priority, steps, config)
     state.scorer_state.copy_(final_scorer_state)
     state.seen.fill_(n)

@@ -81,12 +81,13 @@ def weakest_slot(priority: torch.Tensor, position: torch.Tensor) -> torch.Tensor
     return candidates.argmax(dim=-1, keepdim=True)
 
 
-def prefix_kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
+def prefix_kth_smallest(values: torch.Tensor, k: int, *, bound: int | None = None) -> torch.Tensor:
     """For every prefix length ``r``, the k-th smallest (0-indexed) of ``values[..., :r]``.
 
     Args:
-        values: ``(..., M)`` integers in ``[0, 2**62)``.
+        values: ``(..., M)`` integers in ``[0, bound)``.
         k: which order statistic, ``>= 0``.
+        bound: exclusive upper bound of the values, default ``M`` (a permutation's).
 
     Returns:
         ``(..., M + 1)`` int64; entry ``r`` is the k-th smallest of the first ``r`` values, or
@@ -98,6 +99,15 @@ def prefix_kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
+    bound = values.shape[-1] if bound is None else bound
+    if values.numel() and (values.min() < 0 or values.max() >= bound):
+        raise ValueError(f"prefix_kth_smallest needs values in [0, {bound})")
+    return _prefix_kth_smallest(values, k, bound)
+
+
+def _prefix_kth_smallest(values: torch.Tensor, k: int, bound: int) -> torch.Tensor:
+    """:func:`prefix_kth_smallest` without input checks: no data-dependent Python, so it traces
+    into one graph (the number of levels comes from ``bound``, not from the data)."""
     *lead, m = values.shape
     device = values.device
     if values.numel() == 0:
@@ -105,10 +115,7 @@ def prefix_kth_smallest(values: torch.Tensor, k: int) -> torch.Tensor:
     rows = values.reshape(-1, m).to(torch.int64)
     num_rows = rows.shape[0]
     result = torch.zeros(num_rows, m + 1, dtype=torch.int64, device=device)
-    if (rows < 0).any():
-        raise ValueError("prefix_kth_smallest needs non-negative values")
-
-    levels = max(1, int(rows.max()).bit_length())
+    levels = max(1, (bound - 1).bit_length())
     lo = torch.zeros(num_rows, m + 1, dtype=torch.int64, device=device)  # query range [lo, hi)
     hi = torch.arange(m + 1, device=device).expand(num_rows, m + 1).clone()
     remaining = torch.full((num_rows, m + 1), k, dtype=torch.int64, device=device)
@@ -157,6 +164,11 @@ def eviction_steps(priority: torch.Tensor, *, sinks: int, window: int, topk: int
     """
     _check_budget(sinks, window, topk)
     _check_priority(priority)
+    return _eviction_steps(priority, sinks, window, topk)
+
+
+def _eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
+    """:func:`eviction_steps` without input checks (traceable: no data-dependent Python)."""
     n = priority.shape[-1]
     steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     first = min(sinks, n)
@@ -170,7 +182,7 @@ def eviction_steps(priority: torch.Tensor, *, sinks: int, window: int, topk: int
         return steps
     order = _rank_order(priority[..., first:])  # (..., M): rank -> local position
     # K-th oldest among the tokens that beat the token of rank r = the first r ranks.
-    kth_oldest = prefix_kth_smallest(order, topk - 1)[..., :m]
+    kth_oldest = _prefix_kth_smallest(order, topk - 1, m)[..., :m]
     evicted_after = torch.maximum(order, kth_oldest) + first + window
     by_rank = torch.where(kth_oldest >= 0, evicted_after.clamp(max=n), torch.full_like(order, n))
     steps[..., first:] = torch.empty_like(by_rank).scatter_(-1, order, by_rank)
@@ -260,7 +272,7 @@ def running_topk_boundary(
         -1, order, torch.arange(m, device=device).expand_as(order)
     )
     # Rank of the K-th strongest among the first r candidates, for r = 0..M.
-    kth_rank = prefix_kth_smallest(rank, topk - 1)
+    kth_rank = _prefix_kth_smallest(rank, topk - 1, m)
     candidates_before = (query - window - first).clamp(min=0, max=m)  # (N,)
     boundary_rank = kth_rank[..., candidates_before]  # (..., N)
     valid = (query - window >= first) & (boundary_rank >= 0)

@@ -1,0 +1,83 @@
+"""The kvpop custom ops: registered, consistent with their fake implementations, and equal to
+the references they wrap."""
+
+import pytest
+import torch
+
+from kvpop_compile import KVpopConfig
+from kvpop_compile.runtime import (
+    BoundedCacheState,
+    build_scorer,
+    eviction_steps,
+    ops,  # noqa: F401
+)
+from kvpop_compile.runtime.attention import bounded_decode_attention, masked_attention
+
+
+def cache_after_a_few_tokens(topk=3):
+    config = KVpopConfig(sinks=1, window=2, topk=topk, scorer="h2o")
+    scorer = build_scorer(config, 2, 4)
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=4)
+    state.keys.normal_()
+    state.values.normal_()
+    state.positions.copy_(torch.tensor([0, 3, -1, 5, 6, 7][: config.capacity]).expand(2, 2, -1))
+    state.priorities.copy_(torch.tensor([0.5, float("-inf"), 0.1][:topk]).expand(2, 2, -1))
+    state.statistic.uniform_()
+    state.seen.fill_(8)
+    return config, state
+
+
+def op_cases():
+    config, state = cache_after_a_few_tokens()
+    leaving = [torch.randn(2, 2, 4), torch.randn(2, 2, 4), torch.full((2, 2), 6), torch.rand(2, 2)]
+    new_token = [torch.randn(2, 2, 1, 4) for _ in range(3)]
+    q = torch.randn(2, 4, 5, 4)
+    k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    steps = eviction_steps(torch.randn(2, 2, 5), sinks=1, window=2, topk=1)
+    return {
+        "eviction_steps": (torch.randn(2, 3, 9), 1, 2, 3),
+        "masked_attention": (q, k, v, steps, 0.5, 2),
+        "decode_attention": (q[:, :, :1], state.keys, state.values, state.positions, 0.5),
+        "evict": (*state.tensors()[:3], state.priorities, state.statistic, *leaving,
+                  torch.randn(2, 2), 1, 3),
+        "write_token": (state.keys, state.values, state.positions, state.window_keys,
+                        state.statistic, state.seen, *new_token, 1, 3, 2),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(op_cases()))
+def test_opcheck(name):
+    # Schema, fake (meta) implementation and dispatch are consistent, mutations declared.
+    torch.library.opcheck(getattr(torch.ops.kvpop, name), op_cases()[name])
+
+
+def test_attention_ops_equal_references():
+    cases = op_cases()
+    q, k, v, steps, scale, block = cases["masked_attention"]
+    for got, expected in zip(
+        torch.ops.kvpop.masked_attention(*cases["masked_attention"]),
+        masked_attention(q, k, v, steps, scale=scale, block=block),
+        strict=True,
+    ):
+        assert torch.equal(got, expected)
+    q1, keys, values, positions, scale = cases["decode_attention"]
+    for got, expected in zip(
+        torch.ops.kvpop.decode_attention(*cases["decode_attention"]),
+        bounded_decode_attention(q1, keys, values, positions, scale=scale),
+        strict=True,
+    ):
+        assert torch.equal(got, expected)
+
+
+def test_evict_op_takes_the_free_slot_then_the_weakest():
+    config, state = cache_after_a_few_tokens()
+    key, value = torch.ones(2, 2, 4), torch.ones(2, 2, 4) * 2
+    position, statistic = torch.full((2, 2), 6), torch.zeros(2, 2)
+    torch.ops.kvpop.evict(
+        state.keys, state.values, state.positions, state.priorities, state.statistic,
+        key, value, position, statistic, torch.full((2, 2), -5.0), 1, 3,
+    )  # fmt: skip
+    # Pool slots are 1..3 with positions [3, -1, 5]: the empty slot 2 is taken despite -5.
+    assert state.positions[0, 0, 1:4].tolist() == [3, 6, 5]
+    assert torch.equal(state.priorities[0, 0], torch.tensor([0.5, -5.0, 0.1]))
+    assert torch.equal(state.keys[:, :, 2], key) and torch.equal(state.values[:, :, 2], value)
