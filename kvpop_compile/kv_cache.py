@@ -1,0 +1,90 @@
+"""``KVpopCache``: the bounded caches of all layers behind transformers' ``Cache`` interface.
+
+``generate()`` and the model's forward see an ordinary cache object; the KVpop attention of each
+layer reads and writes its :class:`BoundedCacheState` in place. Its size is fixed once created:
+``nbytes`` is the same after 50 tokens as after 50,000.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .config import KVpopConfig
+from .runtime.cache import BoundedCacheState
+from .runtime.scorers import Scorer
+
+
+class KVpopLayer(CacheLayerMixin):
+    """One layer's bounded cache; the state is allocated at the layer's first forward."""
+
+    is_sliding = False
+    is_compileable = False  # the compiled decode step is kvpop_compile.compile's, not generate's
+
+    def __init__(self, config: KVpopConfig):
+        super().__init__()
+        self.config = config
+        self.state: BoundedCacheState | None = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise TypeError("a KVpop cache layer is allocated by KVpop attention, not by update()")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise TypeError(
+            "KVpopCache is written by KVpop attention; update() is not supported (was the model "
+            "transformed with kvpop_compile.transform?)"
+        )
+
+    def state_for(
+        self, scorer: Scorer, *, batch: int, head_dim: int, dtype: torch.dtype, device
+    ) -> BoundedCacheState:
+        """This layer's state, allocated on first use for ``batch`` sequences."""
+        if self.state is None:
+            self.state = BoundedCacheState.empty(
+                self.config, scorer, batch=batch, head_dim=head_dim, dtype=dtype, device=device
+            )
+            self.is_initialized = True
+        elif self.state.keys.shape[0] != batch:
+            raise ValueError(
+                f"this KVpopCache holds {self.state.keys.shape[0]} sequences, got a batch of "
+                f"{batch}; use a new cache for a new batch"
+            )
+        return self.state
+
+    def get_seq_length(self):
+        # A 0-d tensor, like transformers' static layers: no host sync and no recompilation.
+        return self.state.seen if self.state is not None else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # KVpop attention builds its own causal, eviction-aware masking and ignores the model's
+        # mask; keep that mask the size of the query so it never grows with the sequence.
+        return query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1  # generation length is unbounded; memory is bounded by capacity instead
+
+    def reset(self) -> None:
+        if self.state is not None:
+            self.state.reset_()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.state is None:
+            return
+        for tensor in self.state.tensors():
+            if tensor.dim() > 0:
+                tensor.copy_(tensor.index_select(0, beam_idx.to(tensor.device)))
+
+
+class KVpopCache(Cache):
+    """Bounded KV caches for ``num_layers`` layers under one :class:`KVpopConfig`."""
+
+    def __init__(self, num_layers: int, config: KVpopConfig):
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        super().__init__(layers=[KVpopLayer(config) for _ in range(num_layers)])
+        self.config = config
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all layers' caches (scorer state included)."""
+        return sum(layer.state.nbytes for layer in self.layers if layer.state is not None)

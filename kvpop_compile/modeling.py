@@ -1,0 +1,77 @@
+"""``KVpopAttention``: what a transformed model's decoder layers call instead of their attention.
+
+It runs the attention's rewritten graph (projections, norms and RoPE exactly as captured, the
+attention itself replaced by bounded attention) against the layer's state in the
+:class:`KVpopCache` it is handed. The module is swapped into each layer instance; no transformers
+class is modified.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+
+from .config import KVpopConfig
+from .kv_cache import KVpopCache
+from .runtime.attention_module import BoundedAttention
+from .runtime.cache import BoundedCacheState
+
+
+class KVpopAttention(nn.Module):
+    """Drop-in for a Qwen3 attention: ``forward(hidden (B, N, hidden), (cos, sin), ...)``."""
+
+    def __init__(self, graph: GraphModule, layer_idx: int, config: KVpopConfig, head_dim: int):
+        super().__init__()
+        self.graph = graph
+        self.layer_idx = layer_idx
+        self.kvpop_config = config
+        self.head_dim = head_dim
+
+    @property
+    def bounded(self) -> BoundedAttention:
+        return self.graph.kvpop_attention_0
+
+    @property
+    def scorer(self) -> nn.Module:
+        return self.bounded.scorer
+
+    def _state(self, cache, hidden_states: torch.Tensor) -> tuple[BoundedCacheState, bool]:
+        """The state to run against and whether it is a temporary (stateless forward)."""
+        batch = hidden_states.shape[0]
+        kwargs = {
+            "batch": batch,
+            "head_dim": self.head_dim,
+            "dtype": hidden_states.dtype,
+            "device": hidden_states.device,
+        }
+        if isinstance(cache, KVpopCache):
+            return cache.layers[self.layer_idx].state_for(self.scorer, **kwargs), False
+        return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs), True
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        past_key_values=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        # The graph was captured with one rotary row per sequence; transformers may pass one
+        # row for the whole batch.
+        batch = hidden_states.shape[0]
+        cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
+        state, temporary = self._state(cache if cache is not None else past_key_values, hidden_states)
+        length = hidden_states.shape[1]
+        # One token is a decode step; several are a prefill, which needs an empty cache. More
+        # tokens after earlier ones (a continued conversation) go through decode one by one.
+        if length == 1 or temporary or int(state.seen) == 0:
+            return self.graph(hidden_states, cos, sin, *state.tensors())[0], None
+        outputs = [
+            self.graph(
+                hidden_states[:, i : i + 1], cos[:, i : i + 1], sin[:, i : i + 1], *state.tensors()
+            )[0]
+            for i in range(length)
+        ]
+        return torch.cat(outputs, dim=1), None

@@ -1,0 +1,122 @@
+"""``transform(model, config)``: turn a Hugging Face Qwen3 model into one with a bounded cache.
+
+Each decoder layer's attention is captured as a graph, rewritten by the passes of
+:mod:`kvpop_compile.passes`, and swapped into that layer instance. A forward pre-hook on the
+model hands every forward (and so ``generate()``) a :class:`KVpopCache` when it has none.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from .capture import capture_attention
+from .config import KVpopConfig
+from .kv_cache import KVpopCache
+from .modeling import KVpopAttention
+from .passes import run_passes
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    return isinstance(model, torch._dynamo.eval_frame.OptimizedModule) or (
+        getattr(model, "_compiled_call_impl", None) is not None
+    )
+
+
+def _check_model(model: nn.Module, config: KVpopConfig) -> None:
+    if not isinstance(config, KVpopConfig):
+        raise TypeError(f"config must be a KVpopConfig, got {type(config).__name__}")
+    if _is_compiled(model):
+        raise ValueError(
+            "the model is already compiled: call kvpop_compile.transform on the uncompiled "
+            "model, then kvpop_compile.compile on the result"
+        )
+    if getattr(model, "kvpop_config", None) is not None:
+        raise ValueError(
+            "the model is already transformed by kvpop_compile; load a fresh model to transform "
+            "it with another config"
+        )
+    hf_config = getattr(model, "config", None)
+    model_type = getattr(hf_config, "model_type", None)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or layers is None:
+        supported = ", ".join(SUPPORTED_MODEL_TYPES.values())
+        raise ValueError(
+            f"{type(model).__name__} (model_type {model_type!r}) has no Qwen3-style attention; "
+            f"kvpop_compile.transform supports {supported}"
+        )
+    if getattr(hf_config, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(hf_config, "layer_types", None) or ()
+    ):
+        raise ValueError(
+            "the model uses sliding-window attention, which KVpop replaces with its own bounded "
+            "cache; load it with use_sliding_window=False"
+        )
+    implementation = hf_config._attn_implementation
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation {implementation!r} is not supported; load the model with "
+            f"attn_implementation='sdpa' or 'eager'"
+        )
+    if config.capacity > hf_config.max_position_embeddings:
+        raise ValueError(
+            f"capacity {config.capacity} (sinks + window + topk) exceeds the model's "
+            f"max_position_embeddings {hf_config.max_position_embeddings}; lower topk or window"
+        )
+
+
+def _bounded_cache_hook(model: nn.Module, config: KVpopConfig):
+    """Forward pre-hook: give the forward a KVpopCache and refuse padded batches."""
+
+    def hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2 and bool((mask == 0).any()):
+            raise ValueError(
+                "attention_mask has padding: a KVpop cache holds one unpadded sequence per row; "
+                "generate sequences of different lengths in separate calls"
+            )
+        if kwargs.get("use_cache") is False:
+            return None
+        name = "past_key_values" if "past_key_values" in kwargs else "cache"
+        cache = kwargs.get(name)
+        if isinstance(cache, KVpopCache):
+            return None
+        if cache is not None and int(cache.get_seq_length()) > 0:
+            raise TypeError(
+                f"a transformed model keeps its KV state in a KVpopCache, got a filled "
+                f"{type(cache).__name__}; pass the KVpopCache a previous forward returned"
+            )
+        kwargs[name] = KVpopCache(model.config.num_hidden_layers, config)
+        return args, kwargs
+
+    return hook
+
+
+def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
+    """Rewrite every attention of a Qwen3 / Qwen3-MoE causal LM into KVpop bounded attention.
+
+    The model is changed in place and returned. Its ``forward`` and ``generate()`` then keep at
+    most ``config.capacity`` tokens per layer and KV head; scorer parameters live in
+    ``model.model.layers[i].self_attn.scorer``.
+    """
+    config = KVpopConfig() if config is None else config
+    _check_model(model, config)
+    hf_config = model.config
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        graph = capture_attention(
+            attention, hidden_size=hf_config.hidden_size, head_dim=attention.head_dim
+        )
+        graph = run_passes(graph, config)
+        layer.self_attn = KVpopAttention(graph, attention.layer_idx, config, attention.head_dim)
+    model.kvpop_config = config
+    model.register_forward_pre_hook(_bounded_cache_hook(model, config), with_kwargs=True)
+    logger.info("transform: %d layers now use KVpop bounded attention", len(model.model.layers))
+    return model
