@@ -1,11 +1,30 @@
 """kvpop_compile: a bounded KV cache with a learned keep-or-drop policy for Qwen3 models.
 
-The policy reference lives in :mod:`kvpop_compile.runtime`; graph passes in
+``transform(model, config)`` rewrites a Hugging Face Qwen3 / Qwen3-MoE model so that its cache
+never exceeds ``config.capacity`` tokens per layer and KV head; ``compile`` compiles its decode
+step whole. The policy reference lives in :mod:`kvpop_compile.runtime`; graph passes in
 :mod:`kvpop_compile.passes`.
 """
 
-from .config import KVpopConfig, ScorerKind
-
 __version__ = "0.1.0"
 
-__all__ = ["KVpopConfig", "ScorerKind", "__version__"]
+from .config import KVpopConfig, ScorerKind  # noqa: E402
+from .generation import compile, decode_one_token, generate, new_cache, prefill  # noqa: E402
+from .kv_cache import KVpopCache  # noqa: E402
+from .scorer_io import load_scorer, save_scorer  # noqa: E402
+from .transform import transform  # noqa: E402
+
+__all__ = [
+    "KVpopCache",
+    "KVpopConfig",
+    "ScorerKind",
+    "__version__",
+    "compile",
+    "decode_one_token",
+    "generate",
+    "load_scorer",
+    "new_cache",
+    "prefill",
+    "save_scorer",
+    "transform",
+]

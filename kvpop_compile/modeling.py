@@ -62,7 +62,8 @@ class KVpopAttention(nn.Module):
         # row for the whole batch.
         batch = hidden_states.shape[0]
         cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
-        state, temporary = self._state(cache if cache is not None else past_key_values, hidden_states)
+        cache = cache if cache is not None else past_key_values
+        state, temporary = self._state(cache, hidden_states)
         length = hidden_states.shape[1]
         # One token is a decode step; several are a prefill, which needs an empty cache. More
         # tokens after earlier ones (a continued conversation) go through decode one by one.

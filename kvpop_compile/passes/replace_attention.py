@@ -154,9 +154,7 @@ def replace_attention(gm: GraphModule, config: KVpopConfig) -> GraphModule:
         gm.add_submodule(name, BoundedAttention(config, first_layer + site, match.scale))
         state = _add_state_inputs(gm, f"kvpop_state_{site}")
         with gm.graph.inserting_before(match.output):
-            bounded = gm.graph.call_module(
-                name, args=(match.query, match.key, match.value, *state)
-            )
+            bounded = gm.graph.call_module(name, args=(match.query, match.key, match.value, *state))
         bounded.meta = dict(match.output.meta)
         match.output.replace_all_uses_with(bounded)
         # sdpa counts as impure (it may draw dropout noise), so dead-code removal keeps it.

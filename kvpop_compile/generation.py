@@ -1,0 +1,85 @@
+"""Generation with a bounded cache in a few small functions, and the compiled decode step.
+
+``model.generate()`` works on a transformed model as it is. These functions are the minimal
+loop around one static decode step, which is what ``compile`` compiles (``fullgraph=True``: the
+whole step, every layer, one graph reused for every token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+
+from .kv_cache import KVpopCache
+
+DecodeStep = Callable[[torch.Tensor, torch.Tensor, KVpopCache], torch.Tensor]
+BACKENDS = ("inductor",)
+
+
+def _require_transformed(model: nn.Module) -> None:
+    if getattr(model, "kvpop_config", None) is None:
+        raise ValueError(
+            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) first"
+        )
+
+
+def new_cache(model: nn.Module) -> KVpopCache:
+    """An empty :class:`KVpopCache` for a transformed model."""
+    _require_transformed(model)
+    return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
+
+
+def prefill(model: nn.Module, input_ids: torch.Tensor, cache: KVpopCache) -> torch.Tensor:
+    """Run the prompt ``(B, N)`` into an empty ``cache``; next-token logits ``(B, vocab)``."""
+    return model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1]
+
+
+def decode_one_token(
+    model: nn.Module, token: torch.Tensor, position: torch.Tensor, cache: KVpopCache
+) -> torch.Tensor:
+    """One decode step: ``token (B, 1)`` at ``position (B, 1)`` → logits ``(B, vocab)``."""
+    out = model(input_ids=token, position_ids=position, cache=cache, use_cache=True)
+    return out.logits[:, -1]
+
+
+def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeStep:
+    """The transformed model's decode step, compiled whole (``fullgraph=True``).
+
+    Returns ``step(token (B, 1), position (B, 1), cache) -> logits (B, vocab)``; pass it to
+    :func:`generate`. Every step reuses one graph: the cache is fixed-size and updated in place.
+    """
+    _require_transformed(model)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    step = partial(decode_one_token, model)
+    return torch.compile(step, backend=backend, fullgraph=True, **options)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    step: DecodeStep | None = None,
+    cache: KVpopCache | None = None,
+) -> torch.Tensor:
+    """Greedy generation: ``input_ids (B, N)`` → ``(B, N + max_new_tokens)``.
+
+    ``step`` is the decode step (``compile(model)``'s, or eager by default)."""
+    _require_transformed(model)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    cache = new_cache(model) if cache is None else cache
+    step = partial(decode_one_token, model) if step is None else step
+    token = prefill(model, input_ids, cache).argmax(dim=-1, keepdim=True)
+    tokens = [input_ids, token]
+    position = torch.full_like(token, input_ids.shape[1])
+    for _ in range(max_new_tokens - 1):
+        token = step(token, position, cache).argmax(dim=-1, keepdim=True)
+        tokens.append(token)
+        position = position + 1
+    return torch.cat(tokens, dim=1)

@@ -1,0 +1,124 @@
+"""Save and load a transformed model's scorers: ``scorer.safetensors`` + ``scorer.json``.
+
+The JSON records what the tensors mean (scorer kind and sizes, window, model shapes); loading
+refuses a scorer whose shapes or config do not match the model and names the mismatch. Each
+file is written to a temporary name and renamed into place, tensors first and the JSON last, so
+an interrupted save never leaves a folder that loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from . import __version__
+from .config import KVpopConfig
+
+FORMAT = "kvpop-scorer"
+FORMAT_VERSION = 1
+TENSORS_FILE = "scorer.safetensors"
+CONFIG_FILE = "scorer.json"
+# Config fields a trained scorer depends on: its architecture and the delay it was trained for.
+SCORER_FIELDS = ("scorer", "scorer_hidden", "memory_dim", "memory_value_dim", "window")
+
+
+def _attentions(model: nn.Module):
+    if getattr(model, "kvpop_config", None) is None:
+        raise ValueError(
+            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) first"
+        )
+    return [layer.self_attn for layer in model.model.layers]
+
+
+def _describe(model: nn.Module) -> dict:
+    config: KVpopConfig = model.kvpop_config
+    first = _attentions(model)[0]
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "library_version": __version__,
+        "num_layers": len(model.model.layers),
+        "num_kv_heads": first.scorer.num_kv_heads,
+        "head_dim": first.head_dim,
+        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+    }
+
+
+def _atomic_write(path: Path, write) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def save_scorer(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write the scorers of a transformed model to the folder ``path`` (created if needed)."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
+        for i, attention in enumerate(_attentions(model))
+        for name, tensor in attention.scorer.state_dict().items()
+    }
+    _atomic_write(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
+    description = json.dumps(_describe(model), indent=2, sort_keys=True)
+    _atomic_write(folder / CONFIG_FILE, lambda tmp: Path(tmp).write_text(description))
+    return folder
+
+
+def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load scorers saved by :func:`save_scorer` into a transformed model (in place)."""
+    folder = Path(path)
+    for name in (CONFIG_FILE, TENSORS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: not a saved KVpop scorer folder")
+    try:
+        saved = json.loads((folder / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{folder / CONFIG_FILE} is not valid JSON: {error}") from None
+    if saved.get("format") != FORMAT or saved.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{folder / CONFIG_FILE} is not a {FORMAT} v{FORMAT_VERSION} file "
+            f"(format {saved.get('format')!r}, version {saved.get('format_version')!r})"
+        )
+    expected = _describe(model)
+    for key in ("num_layers", "num_kv_heads", "head_dim"):
+        if saved.get(key) != expected[key]:
+            raise ValueError(
+                f"scorer mismatch: saved for {key}={saved.get(key)}, the model has {expected[key]}"
+            )
+    for key in SCORER_FIELDS:
+        have, want = saved["kvpop_config"].get(key), expected["kvpop_config"][key]
+        if have != want:
+            raise ValueError(
+                f"scorer mismatch: saved with {key}={have!r}, the model is transformed with "
+                f"{key}={want!r}"
+            )
+    tensors = load_file(folder / TENSORS_FILE)
+    for i, attention in enumerate(_attentions(model)):
+        prefix = f"layers.{i}."
+        layer = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        own = attention.scorer.state_dict()
+        if layer.keys() != own.keys():
+            raise ValueError(
+                f"scorer mismatch in layer {i}: saved tensors {sorted(layer)} but the model's "
+                f"scorer has {sorted(own)}"
+            )
+        for name, tensor in layer.items():
+            if tensor.shape != own[name].shape:
+                raise ValueError(
+                    f"scorer mismatch in layer {i}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the model's has {tuple(own[name].shape)}"
+                )
+        attention.scorer.load_state_dict(layer)
+    return model
