@@ -1,0 +1,119 @@
+"""Graph passes: structure of the rewritten attention graph and numerics before/after."""
+
+import logging
+
+import pytest
+import torch
+from tiny_models import tiny_qwen3
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kvpop_compile import KVpopConfig
+from kvpop_compile.capture import capture_attention
+from kvpop_compile.passes import (
+    PASSES,
+    NoAttentionFoundError,
+    insert_scorer,
+    replace_attention,
+    run_passes,
+)
+from kvpop_compile.runtime import BoundedCacheState
+from kvpop_compile.runtime.attention_module import BoundedAttention
+
+aten = torch.ops.aten
+CONFIG = KVpopConfig(sinks=2, window=4, topk=64, scorer="memory")
+
+
+def captured(implementation: str, **overrides):
+    model = tiny_qwen3(attn_implementation=implementation, **overrides)
+    attention = model.model.layers[1].self_attn
+    graph = capture_attention(
+        attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
+    )
+    return model, attention, graph
+
+
+def targets(gm):
+    return [node.target for node in gm.graph.nodes]
+
+
+def causal_reference(model, attention, hidden, cos, sin):
+    n = hidden.shape[1]
+    mask = torch.full((n, n), float("-inf")).triu(1).expand(hidden.shape[0], 1, n, n)
+    return attention(hidden, (cos, sin), mask)[0]
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 16), (4, 2, 16), (8, 1, 64)])
+def test_passes_rewrite_attention_and_keep_numerics(implementation, heads, kv_heads, head_dim):
+    model, attention, gm = captured(
+        implementation, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim
+    )
+    before = targets(gm)
+    assert aten.scaled_dot_product_attention.default in before or aten.softmax.int in before
+    gm = run_passes(gm, CONFIG)
+    after = targets(gm)
+    for gone in (aten.scaled_dot_product_attention.default, aten.softmax.int, aten.expand.default):
+        assert gone not in after
+    modules = [gm.get_submodule(n.target) for n in gm.graph.nodes if n.op == "call_module"]
+    assert len(modules) == 1 and isinstance(modules[0], BoundedAttention)
+    assert modules[0].layer_idx == 1 and modules[0].scorer.num_kv_heads == kv_heads
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert placeholders[:3] == ["hidden", "cos", "sin"] and len(placeholders) == 3 + 8
+
+    hidden = torch.randn(2, 10, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(10).unsqueeze(0).expand(2, -1))
+    state = BoundedCacheState.empty(CONFIG, modules[0].scorer, batch=2, head_dim=head_dim)
+    with torch.no_grad():
+        reference = causal_reference(model, attention, hidden, cos, sin)
+        out = gm(hidden, cos, sin, *state.tensors())[0]
+    # Same float32 terms, differently ordered sums: a few ulps of unit-scale activations.
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_passes_log_their_rewrites(caplog):
+    _, _, gm = captured("eager")
+    with caplog.at_level(logging.INFO, logger="kvpop_compile.passes"):
+        run_passes(gm, CONFIG)
+    text = caplog.text
+    assert "replace_attention: rewrote 1 attention site(s)" in text
+    assert "insert_scorer: inserted 1 scorer(s)" in text
+    assert "remove_dead_code: removed" in text
+    assert [p.__name__ for p in PASSES] == [
+        "replace_attention",
+        "insert_scorer",
+        "remove_dead_code",
+    ]
+
+
+def test_decode_graph_carries_kvpop_ops():
+    model, _, gm = captured("sdpa")
+    gm = run_passes(gm, CONFIG)
+    scorer = gm.kvpop_attention_0.scorer
+    state = BoundedCacheState.empty(CONFIG, scorer, batch=1, head_dim=16)
+    hidden = torch.randn(1, 1, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.zeros(1, 1, dtype=torch.long))
+    with torch.no_grad():
+        traced = make_fx(gm)(hidden, cos, sin, *state.tensors())
+    names = {str(node.target) for node in traced.graph.nodes}
+    assert {"kvpop.evict.default", "kvpop.write_token.default"} <= names
+    assert "kvpop.decode_attention.default" in names
+
+
+def test_graph_without_attention_is_an_error():
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    gm = torch.export.export(mlp, (torch.randn(2, 4),)).module()
+    with pytest.raises(NoAttentionFoundError, match="no attention found in the graph"):
+        replace_attention(gm, CONFIG)
+
+
+class NoRope(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_attention_without_rotary_keys_is_an_error():
+    x = torch.randn(1, 2, 4, 8)
+    gm = torch.export.export(NoRope(), (x, x.clone(), x.clone())).module()
+    gm = replace_attention(gm, CONFIG)
+    with pytest.raises(ValueError, match="do not come from a rotary embedding"):
+        insert_scorer(gm, CONFIG)

@@ -1,0 +1,170 @@
+"""transform() end to end on tiny Qwen3 and Qwen3-MoE models."""
+
+import pytest
+import torch
+from tiny_models import prompt, tiny_qwen3
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import kvpop_compile as kc
+from kvpop_compile.modeling import KVpopAttention
+
+ROOMY = kc.KVpopConfig(sinks=2, window=4, topk=64)  # capacity 70 >= prompt + generated
+TIGHT = kc.KVpopConfig(sinks=2, window=4, topk=6, scorer="memory")  # capacity 12
+
+
+@pytest.mark.parametrize(
+    ("implementation", "moe"), [("sdpa", False), ("eager", False), ("sdpa", True)]
+)
+def test_roomy_budget_gives_the_original_greedy_tokens_and_logits(implementation, moe):
+    original = tiny_qwen3(attn_implementation=implementation, moe=moe)
+    ids = prompt(length=12)
+    with torch.no_grad():
+        expected_tokens = original.generate(ids, max_new_tokens=30, do_sample=False)
+        expected_logits = original(ids).logits
+    model = kc.transform(original, ROOMY)
+    assert all(isinstance(layer.self_attn, KVpopAttention) for layer in model.model.layers)
+    with torch.no_grad():
+        tokens = model.generate(ids, max_new_tokens=30, do_sample=False)
+        logits = model(ids).logits
+    assert torch.equal(tokens, expected_tokens)
+    # float32 attention summed in another order: ulp-level differences, amplified by two layers.
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_roomy_budget_matches_sampling_with_the_same_seed():
+    original = tiny_qwen3()
+    ids = prompt(length=8)
+    torch.manual_seed(7)
+    expected = original.generate(ids, max_new_tokens=20, do_sample=True, top_k=20)
+    model = kc.transform(original, ROOMY)
+    torch.manual_seed(7)
+    assert torch.equal(model.generate(ids, max_new_tokens=20, do_sample=True, top_k=20), expected)
+
+
+def test_bf16_model_stays_bf16_and_close_to_the_original():
+    original = tiny_qwen3(dtype=torch.bfloat16)
+    ids = prompt(length=12)
+    with torch.no_grad():
+        expected = original(ids).logits.float()
+        model = kc.transform(original, ROOMY)
+        logits = model(ids).logits
+    assert logits.dtype == torch.bfloat16
+    assert model.model.layers[0].self_attn.graph.kvpop_attention_0.scorer.w_key.dtype == (
+        torch.float32
+    )
+    # Both run bf16 matmuls and round attention outputs to bf16 (8 mantissa bits) per layer.
+    torch.testing.assert_close(logits.float(), expected, rtol=2**-6, atol=2**-6)
+
+
+def layer_positions(cache):
+    return [layer.state.cached_positions() for layer in cache.layers]
+
+
+def test_prefill_equals_single_token_steps():
+    model = kc.transform(tiny_qwen3(), TIGHT)
+    ids = prompt(length=40)
+    parallel, stepped = kc.new_cache(model), kc.new_cache(model)
+    with torch.no_grad():
+        prefill_logits = model(ids, cache=parallel).logits
+        step_logits = torch.cat(
+            [
+                model(ids[:, i : i + 1], cache=stepped, position_ids=torch.tensor([[i]])).logits
+                for i in range(ids.shape[1])
+            ],
+            dim=1,
+        )
+    torch.testing.assert_close(prefill_logits, step_logits, rtol=1e-4, atol=1e-4)
+    assert layer_positions(parallel) == layer_positions(stepped)
+    assert all(len(p) == TIGHT.capacity for layer in layer_positions(parallel) for p in layer[0])
+
+
+def test_cache_bytes_do_not_grow_with_generated_length():
+    model = kc.transform(tiny_qwen3(), TIGHT)
+    ids = prompt(length=8)
+    short, long = kc.new_cache(model), kc.new_cache(model)
+    kc.generate(model, ids, 50, cache=short)
+    kc.generate(model, ids, 500, cache=long)
+    assert short.nbytes == long.nbytes > 0
+    assert int(long.get_seq_length()) == 8 + 500 - 1  # the last token is returned, not cached
+
+
+def test_generate_helper_matches_hf_generate():
+    model = kc.transform(tiny_qwen3(), TIGHT)
+    ids = prompt(length=10)
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=40, do_sample=False)
+    assert torch.equal(kc.generate(model, ids, 40), expected)
+
+
+def test_forward_returns_a_reusable_kvpop_cache():
+    model = kc.transform(tiny_qwen3(), TIGHT)
+    ids = prompt(length=20)
+    with torch.no_grad():
+        whole = model(ids).logits[:, -1]
+        first = model(ids[:, :12])
+        assert isinstance(first.past_key_values, kc.KVpopCache)
+        # The remaining 8 tokens continue the cached sequence one by one.
+        rest = model(
+            ids[:, 12:], cache=first.past_key_values, position_ids=torch.arange(12, 20)[None]
+        )
+    torch.testing.assert_close(rest.logits[:, -1], whole, rtol=1e-4, atol=1e-4)
+
+
+def test_qwen3_0_6b_layer_shapes_smoke():
+    model = tiny_qwen3(
+        vocab_size=512, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, num_hidden_layers=2,
+    )  # fmt: skip
+    model = kc.transform(model, kc.KVpopConfig(sinks=4, window=8, topk=16))
+    out = kc.generate(model, prompt(length=40, batch=1) % 512, 6)
+    assert out.shape == (1, 46)
+    state = model.model.layers[0].self_attn.graph.kvpop_attention_0
+    assert state.scorer.num_kv_heads == 8 and state.scorer.head_dim == 128
+
+
+def test_padded_batches_are_refused():
+    model = kc.transform(tiny_qwen3(), ROOMY)
+    ids = prompt(length=6)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    with pytest.raises(ValueError, match="attention_mask has padding"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=3)
+
+
+def test_transform_errors():
+    with pytest.raises(ValueError, match="LlamaForCausalLM .* has no Qwen3-style attention"):
+        llama = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=32,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+            )
+        )
+        kc.transform(llama, ROOMY)
+    with pytest.raises(ValueError, match="capacity 4096 .* exceeds the model's max_position"):
+        kc.transform(tiny_qwen3(max_position_embeddings=1024), kc.KVpopConfig())
+    twice = kc.transform(tiny_qwen3(), ROOMY)
+    with pytest.raises(ValueError, match="already transformed"):
+        kc.transform(twice, ROOMY)
+    with pytest.raises(ValueError, match="already compiled"):
+        kc.transform(torch.compile(tiny_qwen3()), ROOMY)
+    with pytest.raises(ValueError, match="sliding-window attention"):
+        kc.transform(tiny_qwen3(use_sliding_window=True, sliding_window=8), ROOMY)
+    with pytest.raises(TypeError, match="config must be a KVpopConfig, got dict"):
+        kc.transform(tiny_qwen3(), {"window": 4})
+    with pytest.raises(ValueError, match="is not transformed"):
+        kc.compile(tiny_qwen3())
+    with pytest.raises(ValueError, match="backend must be one of inductor; got 'xla'"):
+        kc.compile(kc.transform(tiny_qwen3(), ROOMY), backend="xla")
+
+
+def test_a_filled_foreign_cache_is_refused():
+    from transformers import DynamicCache
+
+    original = tiny_qwen3()
+    filled = original(prompt(length=4), cache=DynamicCache(config=original.config)).past_key_values
+    model = kc.transform(original, ROOMY)
+    with pytest.raises(TypeError, match="keeps its KV state in a KVpopCache, got a filled Dyn"):
+        model(prompt(length=1, batch=2), cache=filled)
