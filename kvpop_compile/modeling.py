@@ -58,6 +58,11 @@ class KVpopAttention(nn.Module):
         past_key_values=None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
+        if self.training:
+            raise RuntimeError(
+                "a transformed model runs inference only (its bounded cache is not "
+                "differentiable): call model.eval(); scorers are trained on the original model"
+            )
         # The graph was captured with one rotary row per sequence; transformers may pass one
         # row for the whole batch.
         batch = hidden_states.shape[0]

@@ -115,7 +115,8 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
             attention, hidden_size=hf_config.hidden_size, head_dim=attention.head_dim
         )
         graph = run_passes(graph, config)
-        layer.self_attn = KVpopAttention(graph, attention.layer_idx, config, attention.head_dim)
+        bounded = KVpopAttention(graph, attention.layer_idx, config, attention.head_dim)
+        layer.self_attn = bounded.train(attention.training)
     model.kvpop_config = config
     model.register_forward_pre_hook(_bounded_cache_hook(model, config), with_kwargs=True)
     logger.info("transform: %d layers now use KVpop bounded attention", len(model.model.layers))

@@ -168,3 +168,9 @@ def test_a_filled_foreign_cache_is_refused():
     model = kc.transform(original, ROOMY)
     with pytest.raises(TypeError, match="keeps its KV state in a KVpopCache, got a filled Dyn"):
         model(prompt(length=1, batch=2), cache=filled)
+
+
+def test_training_mode_is_refused():
+    model = kc.transform(tiny_qwen3(), ROOMY).train()
+    with pytest.raises(RuntimeError, match="runs inference only"):
+        model(prompt(length=3))
