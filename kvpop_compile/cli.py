@@ -9,7 +9,10 @@ import sys
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    for line in run_demo(tokens=args.tokens, capacity=args.capacity, seed=args.seed):
+    result = run_demo(
+        tokens=args.tokens, capacity=args.capacity, scorer=args.scorer, seed=args.seed
+    )
+    for line in result.report():
         print(line)
     return 0
 
@@ -22,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="show the bounded cache on a small Qwen3")
     demo.add_argument("--tokens", type=int, default=1024, help="tokens to decode (default 1024)")
     demo.add_argument("--capacity", type=int, default=128, help="cache slots (default 128)")
+    demo.add_argument("--scorer", default="window", help="policy (default window)")
     demo.add_argument("--seed", type=int, default=0, help="model initialisation seed")
     demo.set_defaults(run=_demo)
     return parser

@@ -43,7 +43,9 @@ def causal_reference(model, attention, hidden, cos, sin):
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 16), (4, 2, 16), (8, 1, 64), (16, 2, 128)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(4, 4, 16), (4, 2, 16), (8, 1, 64), (16, 2, 128)]
+)
 def test_passes_rewrite_attention_and_keep_numerics(implementation, heads, kv_heads, head_dim):
     model, attention, gm = captured(
         implementation, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim
