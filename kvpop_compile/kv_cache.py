@@ -25,6 +25,9 @@ class KVpopLayer(CacheLayerMixin):
         super().__init__()
         self.config = config
         self.state: BoundedCacheState | None = None
+        # Known on the host without reading the device: no token has been written since the
+        # state was allocated or reset. Lets a prefill skip a device sync (and be exportable).
+        self.known_empty = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise TypeError("a KVpop cache layer is allocated by KVpop attention, not by update()")
@@ -66,6 +69,7 @@ class KVpopLayer(CacheLayerMixin):
     def reset(self) -> None:
         if self.state is not None:
             self.state.reset_()
+        self.known_empty = True
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.state is None:
@@ -83,6 +87,16 @@ class KVpopCache(Cache):
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         super().__init__(layers=[KVpopLayer(config) for _ in range(num_layers)])
         self.config = config
+
+    @classmethod
+    def from_states(cls, config: KVpopConfig, states: list[BoundedCacheState]) -> KVpopCache:
+        """A cache over existing layer states (e.g. an exported step's state inputs). The states
+        are taken to be empty: use it for a prefill only after a reset, or for decode steps."""
+        cache = cls(len(states), config)
+        for layer, state in zip(cache.layers, states, strict=True):
+            layer.state = state
+            layer.is_initialized = True
+        return cache
 
     @property
     def nbytes(self) -> int:

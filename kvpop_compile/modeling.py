@@ -37,17 +37,22 @@ class KVpopAttention(nn.Module):
         return self.bounded.scorer
 
     def _state(self, cache, hidden_states: torch.Tensor) -> tuple[BoundedCacheState, bool]:
-        """The state to run against and whether it is a temporary (stateless forward)."""
-        batch = hidden_states.shape[0]
+        """The state to run against, and whether the host knows it is empty without reading
+        the device (a fresh layer of a KVpopCache, or a temporary state for a forward without
+        one). The flag is only read for prefills: a compiled decode step never guards on it."""
         kwargs = {
-            "batch": batch,
+            "batch": hidden_states.shape[0],
             "head_dim": self.head_dim,
             "dtype": hidden_states.dtype,
             "device": hidden_states.device,
         }
-        if isinstance(cache, KVpopCache):
-            return cache.layers[self.layer_idx].state_for(self.scorer, **kwargs), False
-        return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs), True
+        if not isinstance(cache, KVpopCache):
+            return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs), True
+        layer = cache.layers[self.layer_idx]
+        state = layer.state_for(self.scorer, **kwargs)
+        empty = hidden_states.shape[1] > 1 and layer.known_empty
+        layer.known_empty = False
+        return state, empty
 
     def forward(
         self,
@@ -68,11 +73,11 @@ class KVpopAttention(nn.Module):
         batch = hidden_states.shape[0]
         cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
         cache = cache if cache is not None else past_key_values
-        state, temporary = self._state(cache, hidden_states)
+        state, empty = self._state(cache, hidden_states)
         length = hidden_states.shape[1]
         # One token is a decode step; several are a prefill, which needs an empty cache. More
         # tokens after earlier ones (a continued conversation) go through decode one by one.
-        if length == 1 or temporary or int(state.seen) == 0:
+        if length == 1 or empty or int(state.seen) == 0:
             return self.graph(hidden_states, cos, sin, *state.tensors())[0], None
         outputs = [
             self.graph(

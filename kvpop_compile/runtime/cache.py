@@ -21,6 +21,10 @@ import torch
 from ..config import KVpopConfig
 from .scorers import Scorer
 
+# What an empty cache holds, per field (0 for fields not listed): a runtime that allocates the
+# state itself, such as an exported engine's runner, fills it from this table.
+EMPTY_FILL = {"positions": -1, "priorities": float("-inf")}
+
 
 @dataclass
 class BoundedCacheState:
@@ -70,12 +74,8 @@ class BoundedCacheState:
 
     def reset_(self) -> BoundedCacheState:
         """Empty the cache in place (tensor addresses are kept, for CUDA graphs)."""
-        for tensor in (self.keys, self.values, self.window_keys, self.statistic):
-            tensor.zero_()
-        self.scorer_state.zero_()
-        self.positions.fill_(-1)
-        self.priorities.fill_(float("-inf"))
-        self.seen.zero_()
+        for f in fields(self):
+            getattr(self, f.name).fill_(EMPTY_FILL.get(f.name, 0))
         return self
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
