@@ -9,19 +9,23 @@ step whole. The policy reference lives in :mod:`kvpop_compile.runtime`; graph pa
 __version__ = "0.1.0"
 
 from .config import KVpopConfig, ScorerKind  # noqa: E402
+from .engines import EngineRunner, export, load  # noqa: E402
 from .generation import compile, decode_one_token, generate, new_cache, prefill  # noqa: E402
 from .kv_cache import KVpopCache  # noqa: E402
 from .scorer_io import load_scorer, save_scorer  # noqa: E402
 from .transform import transform  # noqa: E402
 
 __all__ = [
+    "EngineRunner",
     "KVpopCache",
     "KVpopConfig",
     "ScorerKind",
     "__version__",
     "compile",
     "decode_one_token",
+    "export",
     "generate",
+    "load",
     "load_scorer",
     "new_cache",
     "prefill",

@@ -13,10 +13,11 @@ from functools import partial
 import torch
 from torch import nn
 
+from .engines.tensorrt import import_torch_tensorrt
 from .kv_cache import KVpopCache
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, KVpopCache], torch.Tensor]
-BACKENDS = ("inductor",)
+BACKENDS = ("inductor", "tensorrt")
 
 
 def _require_transformed(model: nn.Module) -> None:
@@ -54,6 +55,8 @@ def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeSte
     _require_transformed(model)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend == "tensorrt":
+        import_torch_tensorrt("backend='tensorrt'")  # registers torch.compile's backend
     step = partial(decode_one_token, model)
     return torch.compile(step, backend=backend, fullgraph=True, **options)
 

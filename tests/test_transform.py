@@ -156,7 +156,7 @@ def test_transform_errors():
         kc.transform(tiny_qwen3(), {"window": 4})
     with pytest.raises(ValueError, match="is not transformed"):
         kc.compile(tiny_qwen3())
-    with pytest.raises(ValueError, match="backend must be one of inductor; got 'xla'"):
+    with pytest.raises(ValueError, match="backend must be one of inductor, tensorrt; got 'xla'"):
         kc.compile(kc.transform(tiny_qwen3(), ROOMY), backend="xla")
 
 

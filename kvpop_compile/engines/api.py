@@ -1,0 +1,136 @@
+"""``export(model, path, format=...)`` and ``load(path)``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+
+from ..config import KVpopConfig
+from ..kv_cache import KVpopCache
+from . import aoti, onnx_engine, tensorrt
+from .manifest import read_manifest, write_engine_folder
+from .runner import EngineRunner
+from .steps import DecodeStep, PrefillStep, state_names
+
+FORMATS = {"aoti": aoti, "onnx": onnx_engine, "tensorrt": tensorrt}
+# Formats that can carry the prefill step (its stable sort has no exact ONNX operator).
+PREFILL_FORMATS = ("aoti",)
+# Which step form each format runs: ONNX needs the updated cache as real outputs.
+FUNCTIONAL = {"aoti": False, "onnx": True, "tensorrt": True}
+MODEL_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings",
+)  # fmt: skip
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _model_description(model: nn.Module) -> dict:
+    config = model.config
+    description = {name: getattr(config, name, None) for name in MODEL_FIELDS}
+    description["dtype"] = _dtype_name(next(model.parameters()).dtype)
+    return description
+
+
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {format!r}")
+
+
+def export(
+    model: nn.Module,
+    path: str | os.PathLike,
+    format: str = "aoti",
+    *,
+    batch: int = 1,
+    prefill_length: int | None = None,
+) -> Path:
+    """Export a transformed model's decode step (and a prefill step for prompts of
+    ``prefill_length`` tokens, if given) as an engine folder at ``path``.
+
+    Shapes are static: ``batch`` sequences per call. Returns the folder.
+    """
+    _check_format(format)
+    config: KVpopConfig | None = getattr(model, "kvpop_config", None)
+    if config is None:
+        raise ValueError(
+            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) "
+            "before exporting it"
+        )
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if prefill_length is not None and prefill_length < 2:
+        raise ValueError(f"prefill_length must be >= 2 (or None), got {prefill_length}")
+    if prefill_length is not None and format not in PREFILL_FORMATS:
+        raise ValueError(
+            f"the {format} format exports the decode step only (prefill sorts priorities, which "
+            f"has no exact ONNX equivalent); use prefill_length=None: prompts then run through "
+            f"the decode step"
+        )
+    model.eval()
+    device = next(model.parameters()).device
+    # Allocate the cache with one real prefill, so every state tensor has its true shape.
+    cache = KVpopCache(model.config.num_hidden_layers, config)
+    warmup = torch.zeros(batch, 2, dtype=torch.int64, device=device)
+    with torch.no_grad():
+        model(input_ids=warmup, cache=cache, use_cache=True)
+    state = [t for layer in cache.layers for t in layer.state.tensors()]
+    names = state_names(model.config.num_hidden_layers)
+    functional = FUNCTIONAL[format]
+    steps = {"decode": (DecodeStep(model, functional=functional), (warmup[:, :1], *state))}
+    if prefill_length is not None:
+        prompt = torch.zeros(batch, prefill_length, dtype=torch.int64, device=device)
+        steps["prefill"] = (PrefillStep(model, functional=functional), (prompt, *state))
+    manifest = {
+        "format": format,
+        "steps": sorted(steps),
+        "batch": batch,
+        "prefill_length": prefill_length,
+        "model": _model_description(model),
+        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+        "state": [
+            {"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
+            for n, t in zip(names, state, strict=True)
+        ],
+        "device": device.type,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+    }
+    return write_engine_folder(
+        Path(path), lambda folder: FORMATS[format].build(steps, folder), manifest
+    )
+
+
+def load(
+    path: str | os.PathLike, *, config: KVpopConfig | None = None, model: nn.Module | None = None
+) -> EngineRunner:
+    """Open an engine folder. With ``config`` or ``model`` given, refuse an engine exported for a
+    different KVpop config or model architecture."""
+    folder = Path(path)
+    manifest = read_manifest(folder)
+    format = manifest.get("format")
+    _check_format(format)
+    if config is not None:
+        expected = {**asdict(config), "scorer": config.scorer.value}
+        for key, value in expected.items():
+            if manifest["kvpop_config"].get(key) != value:
+                raise ValueError(
+                    f"engine mismatch: exported with {key}={manifest['kvpop_config'].get(key)!r}, "
+                    f"expected {key}={value!r}"
+                )
+    if model is not None:
+        for key, value in _model_description(model).items():
+            if manifest["model"].get(key) != value:
+                raise ValueError(
+                    f"engine mismatch: exported for a model with {key}="
+                    f"{manifest['model'].get(key)!r}, this model has {key}={value!r}"
+                )
+    steps = FORMATS[format].open_steps(folder, manifest)
+    return EngineRunner(folder, manifest, steps, device=manifest.get("device", "cpu"))

@@ -1,0 +1,90 @@
+"""The engine folder: engine files plus ``manifest.json``, written atomically and verified.
+
+The manifest says what the engine is (format, model and KVpop config, dtypes, the cache
+state's names/shapes/dtypes, versions) and holds a SHA-256 of every engine file, so a corrupted,
+truncated or swapped file is refused instead of producing wrong tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import __version__
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_engine_folder(path: Path, build: Callable[[Path], None], manifest: dict) -> Path:
+    """Build into a temporary folder beside ``path``, hash every file, write the manifest, then
+    move the folder into place. An existing engine folder at ``path`` is replaced only once the
+    new one is complete; any other existing, non-empty folder is refused (never overwritten)."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()) and not (path / MANIFEST).is_file():
+        raise FileExistsError(f"{path} exists and is not an engine folder; choose another path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.building-"))
+    try:
+        build(staging)
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        manifest = {
+            **manifest,
+            "manifest_version": MANIFEST_VERSION,
+            "library_version": __version__,
+            "files": {str(p.relative_to(staging)): sha256(p) for p in files},
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        if path.exists():
+            retired = path.with_name(f".{path.name}.replaced")
+            shutil.rmtree(retired, ignore_errors=True)
+            path.rename(retired)
+            staging.rename(path)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def read_manifest(path: Path) -> dict:
+    """Read and verify an engine folder's manifest and files."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} not found: {path} is not an exported engine")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{manifest_path} is not valid JSON: {error}") from None
+    if manifest.get("manifest_version") != MANIFEST_VERSION:
+        raise ValueError(
+            f"{manifest_path} has manifest version {manifest.get('manifest_version')!r}; "
+            f"this kvpop_compile reads version {MANIFEST_VERSION}: re-export the model"
+        )
+    if manifest.get("library_version") != __version__:
+        raise ValueError(
+            f"{path} was exported by kvpop_compile {manifest.get('library_version')!r}, this is "
+            f"{__version__}: re-export the model with this version"
+        )
+    for name, digest in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise FileNotFoundError(f"engine file {file} is missing")
+        if sha256(file) != digest:
+            raise ValueError(f"engine file {file} is corrupted or truncated (SHA-256 mismatch)")
+    return manifest

@@ -1,0 +1,63 @@
+"""ONNX engines for onnxruntime (and TensorRT's ONNX parser): ``<step>.onnx``.
+
+The kvpop ops are decomposed into aten ops before conversion, so the file holds only standard
+ONNX operators (:data:`TENSORRT_ONNX_OPS` lists those TensorRT's parser supports; a test checks
+every exported operator against it). The cache is an explicit input and output of each step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+OPSET = 18  # run by current onnxruntime and parsed by TensorRT 8.6 and later
+
+# Operators of TensorRT's ONNX parser (onnx-tensorrt "operators.md") that exported KVpop steps
+# may use. An operator outside this set would make the file unusable with trtexec.
+TENSORRT_ONNX_OPS = frozenset(
+    """Abs Add And ArgMax ArgMin Cast Ceil Clip Concat Constant ConstantOfShape Cos CumSum Div
+    Elu Equal Erf Exp Expand Flatten Floor Gather GatherElements GatherND Gemm Greater
+    GreaterOrEqual Identity If Less LessOrEqual Log LogSoftmax MatMul Max Mean Min Mod Mul Neg
+    Not Or Pow Range Reciprocal ReduceL2 ReduceLogSumExp ReduceMax ReduceMean ReduceMin
+    ReduceSum Relu Reshape ScatterElements ScatterND Shape Sigmoid Sign Sin Slice Softmax
+    Softplus Split Sqrt Squeeze Sub Tanh Tile TopK Transpose Trilu Unsqueeze Where Xor""".split()
+)
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError as error:
+        raise ImportError(
+            "the onnx format needs onnx, onnxscript and onnxruntime: "
+            "pip install 'kvpop_compile[onnx]'"
+        ) from error
+    return onnxruntime
+
+
+def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:
+    _onnxruntime()
+    for name, (module, example) in steps.items():
+        with torch.no_grad():
+            program = torch.export.export(module, example)
+            program = program.run_decompositions(decompose_custom_triton_ops=True)
+            onnx_program = torch.onnx.export(program, dynamo=True, opset_version=OPSET)
+        onnx_program.save(str(folder / f"{name}.onnx"))
+
+
+def open_steps(folder: Path, manifest: dict) -> dict:
+    onnxruntime = _onnxruntime()
+    steps = {}
+    for name in manifest["steps"]:
+        session = onnxruntime.InferenceSession(
+            str(folder / f"{name}.onnx"), providers=["CPUExecutionProvider"]
+        )
+        input_names = [i.name for i in session.get_inputs()]
+
+        def run(inputs, session=session, input_names=input_names):
+            feeds = {n: t.detach().cpu().numpy() for n, t in zip(input_names, inputs, strict=True)}
+            return [torch.from_numpy(x) for x in session.run(None, feeds)]
+
+        steps[name] = run
+    return steps

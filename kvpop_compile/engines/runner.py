@@ -1,0 +1,91 @@
+"""``EngineRunner``: generate from an exported engine, keeping the bounded cache between steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .steps import empty_fill
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int64": torch.int64}  # fmt: skip
+
+
+class EngineRunner:
+    """Runs an engine folder's ``decode`` (and optional ``prefill``) steps.
+
+    The cache is allocated empty here, at load time, from the manifest's state description; each
+    step takes it as input and returns it updated.
+    """
+
+    def __init__(self, folder: Path, manifest: dict, steps: dict, device: str = "cpu"):
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.steps = steps
+        self.device = torch.device(device)
+        self.batch = manifest["batch"]
+        self.prefill_length = manifest.get("prefill_length")
+        self.state = [
+            torch.empty(spec["shape"], dtype=DTYPES[spec["dtype"]], device=self.device)
+            for spec in manifest["state"]
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty the cache: the next call starts a new sequence."""
+        for tensor, spec in zip(self.state, self.manifest["state"], strict=True):
+            tensor.fill_(empty_fill(spec["name"]))
+        self.position = 0
+
+    def _run(self, name: str, tokens: torch.Tensor) -> torch.Tensor:
+        outputs = self.steps[name]([tokens.to(self.device), *self.state])
+        logits, state = outputs[0], outputs[1:]
+        for tensor, new in zip(self.state, state, strict=True):
+            if new.data_ptr() != tensor.data_ptr():
+                tensor.copy_(new)
+        return logits
+
+    def _check(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch:
+            raise ValueError(
+                f"expected token ids of shape ({self.batch}, N) for this engine (exported for "
+                f"batch {self.batch}), got {tuple(tokens.shape)}"
+            )
+        return tokens.to(torch.int64)
+
+    def decode(self, token: torch.Tensor) -> torch.Tensor:
+        """One token per sequence ``(B, 1)`` → next-token logits ``(B, vocab)``."""
+        token = self._check(token)
+        if token.shape[1] != 1:
+            raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
+        self.position += 1
+        return self._run("decode", token)
+
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Start a new sequence with the prompt ``(B, N)`` → next-token logits ``(B, vocab)``.
+
+        A prompt of the engine's ``prefill_length`` runs through the prefill step; any other
+        length runs through decode steps (the same result, token by token)."""
+        input_ids = self._check(input_ids)
+        if input_ids.shape[1] < 1:
+            raise ValueError("prefill needs at least one token")
+        self.reset()
+        if input_ids.shape[1] == self.prefill_length:
+            self.position = input_ids.shape[1]
+            return self._run("prefill", input_ids)
+        for i in range(input_ids.shape[1]):
+            logits = self.decode(input_ids[:, i : i + 1])
+        return logits
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy generation: ``(B, N)`` → ``(B, N + max_new_tokens)``."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        token = self.prefill(input_ids).argmax(dim=-1, keepdim=True)
+        tokens = [input_ids.to(token.device), token]
+        for _ in range(max_new_tokens - 1):
+            token = self.decode(token).argmax(dim=-1, keepdim=True)
+            tokens.append(token)
+        return torch.cat([t.cpu() for t in tokens], dim=1)

@@ -1,0 +1,70 @@
+"""The decode and prefill steps as modules whose whole cache is explicit input and output.
+
+``DecodeStep(token, *state) -> (logits, *state)``: one token per sequence; its position is read
+from the cache (``seen``), so an engine needs nothing else. ``PrefillStep(input_ids, *state)``
+runs a prompt of fixed length into the (reset) state. ``state`` is every layer's
+:class:`BoundedCacheState` tensors, in layer then field order (:func:`state_names`).
+
+Exporters that keep mutated state only as side effects lose it (ONNX drops in-place updates of
+buffers); with ``functional=True`` the step clones its state inputs and returns the updated
+copies, so the new cache is a real graph output. AOTInductor runs the in-place form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+from torch import nn
+
+from ..kv_cache import KVpopCache
+from ..runtime.cache import EMPTY_FILL, BoundedCacheState
+
+STATE_FIELDS = [f.name for f in fields(BoundedCacheState)]
+
+
+def state_names(num_layers: int) -> list[str]:
+    return [f"layers.{i}.{name}" for i in range(num_layers) for name in STATE_FIELDS]
+
+
+def empty_fill(name: str) -> float:
+    """The value an empty cache holds in the state tensor called ``name``."""
+    return EMPTY_FILL.get(name.rsplit(".", 1)[-1], 0)
+
+
+def _cache_over(model: nn.Module, state: tuple[torch.Tensor, ...]) -> KVpopCache:
+    per_layer = len(STATE_FIELDS)
+    states = [BoundedCacheState(*state[i : i + per_layer]) for i in range(0, len(state), per_layer)]
+    return KVpopCache.from_states(model.kvpop_config, states)
+
+
+class _Step(nn.Module):
+    def __init__(self, model: nn.Module, *, functional: bool):
+        super().__init__()
+        self.model = model
+        self.functional = functional
+
+    def _state(self, state):
+        return tuple(t.clone() for t in state) if self.functional else state
+
+
+class DecodeStep(_Step):
+    """``token (B, 1) int64, *state -> logits (B, vocab) float32, *state``."""
+
+    def forward(self, token: torch.Tensor, *state: torch.Tensor):
+        state = self._state(state)
+        cache = _cache_over(self.model, state)
+        position = cache.layers[0].state.seen.view(1, 1).expand(token.shape[0], 1)
+        out = self.model(input_ids=token, position_ids=position, cache=cache, use_cache=True)
+        return (out.logits[:, -1].float(), *state)
+
+
+class PrefillStep(_Step):
+    """``input_ids (B, P) int64, *state -> logits (B, vocab) float32, *state``; the state is
+    emptied and refilled with the prompt (positions ``0..P-1``)."""
+
+    def forward(self, input_ids: torch.Tensor, *state: torch.Tensor):
+        state = self._state(state)
+        cache = _cache_over(self.model, state)  # its layers are known empty: a prefill
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True)
+        return (out.logits[:, -1].float(), *state)

@@ -1,0 +1,47 @@
+"""TensorRT engines through torch-tensorrt (optional; needs a CUDA GPU): ``<step>.ep``.
+
+The kvpop ops are decomposed into aten ops first; torch-tensorrt converts what TensorRT
+supports and runs the rest in PyTorch within the same saved program.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def import_torch_tensorrt(purpose: str = "the tensorrt format"):
+    """torch_tensorrt, imported only when asked for; a clear ImportError without it or a GPU."""
+    try:
+        import torch_tensorrt
+    except ImportError as error:
+        raise ImportError(
+            f"{purpose} needs torch-tensorrt, TensorRT and a CUDA GPU: "
+            "pip install 'kvpop_compile[tensorrt]' on a machine with one"
+        ) from error
+    if not torch.cuda.is_available():
+        raise ImportError(f"{purpose} needs a CUDA GPU; none is available")
+    return torch_tensorrt
+
+
+def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:
+    torch_tensorrt = import_torch_tensorrt()
+    for name, (module, example) in steps.items():
+        with torch.no_grad():
+            program = torch.export.export(module, example)
+            program = program.run_decompositions(decompose_custom_triton_ops=True)
+            compiled = torch_tensorrt.dynamo.compile(program, inputs=list(example))
+        torch_tensorrt.save(
+            compiled, str(folder / f"{name}.ep"), output_format="exported_program",
+            inputs=list(example),
+        )  # fmt: skip
+
+
+def open_steps(folder: Path, manifest: dict) -> dict:
+    import_torch_tensorrt()  # registers TensorRT's runtime ops before the programs load
+    steps = {}
+    for name in manifest["steps"]:
+        program = torch.export.load(str(folder / f"{name}.ep")).module()
+        steps[name] = lambda inputs, program=program: list(program(*inputs))
+    return steps

@@ -1,0 +1,204 @@
+"""export() and load(): AOTInductor and ONNX engines generate like the eager model, run in a
+fresh process, and refuse damaged or mismatched folders."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import prompt, tiny_qwen3
+
+import kvpop_compile as kc
+from kvpop_compile.engines.manifest import read_manifest
+from kvpop_compile.engines.onnx_engine import TENSORRT_ONNX_OPS
+
+CONFIG = kc.KVpopConfig(sinks=2, window=4, topk=10, scorer="memory")  # capacity 16 << 300
+PROMPT_LENGTH = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    return kc.transform(tiny_qwen3(), CONFIG)
+
+
+@pytest.fixture(scope="module")
+def engines(model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    return {
+        "aoti": kc.export(model, root / "aoti", "aoti", prefill_length=PROMPT_LENGTH),
+        "onnx": kc.export(model, root / "onnx", "onnx"),
+    }
+
+
+def run_python(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("format", ["aoti", "onnx"])
+def test_engine_in_a_fresh_process_generates_the_eager_tokens(model, engines, format, tmp_path):
+    ids = prompt(length=PROMPT_LENGTH, batch=1)
+    expected = kc.generate(model, ids, 300)
+    torch.save(ids, tmp_path / "ids.pt")
+    run_python(f"""
+        import torch, kvpop_compile as kc
+        runner = kc.load({str(engines[format])!r})
+        ids = torch.load({str(tmp_path / "ids.pt")!r})
+        torch.save(runner.generate(ids, 300), {str(tmp_path / "out.pt")!r})
+    """)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_aoti_engine_uses_its_prefill_and_other_prompt_lengths_decode(model, engines):
+    runner = kc.load(engines["aoti"])
+    assert runner.manifest["steps"] == ["decode", "prefill"]
+    for length in (PROMPT_LENGTH, 5):
+        ids = prompt(seed=length, length=length, batch=1)
+        assert torch.equal(runner.generate(ids, 40), kc.generate(model, ids, 40))
+
+
+def test_aoti_package_runs_without_importing_kvpop_compile(model, engines):
+    folder = engines["aoti"]
+    ids = prompt(length=3, batch=1)
+    cache = kc.new_cache(model)
+    kc.prefill(model, ids[:, :2], cache)
+    with torch.no_grad():
+        expected = kc.decode_one_token(model, ids[:, 2:], torch.tensor([[2]]), cache)
+    torch.save(
+        [ids[:, :2], ids[:, 2:]], folder.parent / "tokens.pt"
+    )  # the prompt and the next token
+    out = run_python(f"""
+        import json, sys, torch
+        folder = {str(folder)!r}
+        manifest = json.load(open(folder + "/manifest.json"))
+        fill = {{"positions": -1, "priorities": float("-inf")}}
+        state = [torch.full(s["shape"], fill.get(s["name"].split(".")[-1], 0),
+                            dtype=getattr(torch, s["dtype"])) for s in manifest["state"]]
+        decode = torch._inductor.aoti_load_package(folder + "/decode.pt2")
+        prompt, token = torch.load({str(folder.parent / "tokens.pt")!r})
+        for i in range(prompt.shape[1]):
+            decode(prompt[:, i : i + 1], *state)
+        logits = decode(token, *state)[0]
+        torch.save(logits, {str(folder.parent / "logits.pt")!r})
+        print("kvpop_compile" in sys.modules)
+    """)
+    assert out.strip() == "False"
+    torch.testing.assert_close(torch.load(folder.parent / "logits.pt"), expected)
+
+
+def test_onnx_decode_returns_the_updated_cache(model, engines):
+    import onnx
+
+    graph = onnx.load(str(engines["onnx"] / "decode.onnx")).graph
+    manifest = read_manifest(engines["onnx"])
+    state_count = len(manifest["state"])
+    assert len(graph.input) == len(graph.output) == 1 + state_count
+    # A cache kept as mutated buffers would vanish from the graph; here one step must advance
+    # every layer's position counter and change the cached keys.
+    runner = kc.load(engines["onnx"])
+    before = [t.clone() for t in runner.state]
+    runner.decode(torch.tensor([[7]]))
+    names = [spec["name"] for spec in manifest["state"]]
+    for name, old, new in zip(names, before, runner.state, strict=True):
+        if name.endswith(".seen"):
+            assert int(new) == int(old) + 1
+        if name.endswith(".keys"):
+            assert not torch.equal(new, old)
+
+
+def test_onnx_uses_only_operators_tensorrt_parses(engines):
+    import onnx
+
+    graph = onnx.load(str(engines["onnx"] / "decode.onnx")).graph
+    used = {node.op_type for node in graph.node}
+    assert used <= TENSORRT_ONNX_OPS, used - TENSORRT_ONNX_OPS
+
+
+def test_manifest_describes_the_engine(model, engines):
+    manifest = read_manifest(engines["aoti"])
+    assert manifest["format"] == "aoti" and manifest["batch"] == 1
+    assert manifest["kvpop_config"]["topk"] == 10 and manifest["kvpop_config"]["scorer"] == "memory"
+    assert manifest["model"]["num_hidden_layers"] == 2 and manifest["model"]["dtype"] == "float32"
+    assert manifest["torch_version"] == torch.__version__
+    assert set(manifest["files"]) == {"decode.pt2", "prefill.pt2"}
+    keys = next(s for s in manifest["state"] if s["name"] == "layers.0.keys")
+    assert keys["shape"] == [1, 2, CONFIG.capacity, 16]
+
+
+def damaged_copy(engines, tmp_path, damage):
+    folder = tmp_path / "engine"
+    shutil.copytree(engines["onnx"], folder)
+    damage(folder)
+    return folder
+
+
+def test_damaged_or_mismatched_engines_are_refused(model, engines, tmp_path):
+    def truncate(folder):
+        data = (folder / "decode.onnx").read_bytes()
+        (folder / "decode.onnx").write_bytes(data[: len(data) // 2])
+
+    with pytest.raises(ValueError, match="decode.onnx is corrupted or truncated"):
+        kc.load(damaged_copy(engines, tmp_path / "a", truncate))
+    with pytest.raises(FileNotFoundError, match="decode.onnx is missing"):
+        kc.load(damaged_copy(engines, tmp_path / "b", lambda f: (f / "decode.onnx").unlink()))
+
+    def other_version(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["library_version"] = "0.0.1"
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    with pytest.raises(ValueError, match="exported by kvpop_compile '0.0.1', this is"):
+        kc.load(damaged_copy(engines, tmp_path / "c", other_version))
+    with pytest.raises(FileNotFoundError, match="is not an exported engine"):
+        kc.load(tmp_path)
+    with pytest.raises(
+        ValueError, match="engine mismatch: exported with topk=10, expected topk=20"
+    ):
+        kc.load(engines["onnx"], config=kc.KVpopConfig(sinks=2, window=4, topk=20))
+    with pytest.raises(ValueError, match="engine mismatch: exported for a model with vocab_size"):
+        kc.load(engines["onnx"], model=tiny_qwen3(vocab_size=300))
+    kc.load(engines["onnx"], config=CONFIG, model=model)
+
+
+def test_export_refusals(model, tmp_path):
+    with pytest.raises(ValueError, match="is not transformed: call kvpop_compile.transform"):
+        kc.export(tiny_qwen3(), tmp_path / "x", "onnx")
+    with pytest.raises(
+        ValueError, match="format must be one of aoti, onnx, tensorrt; got 'tflite'"
+    ):
+        kc.export(model, tmp_path / "x", "tflite")
+    with pytest.raises(ValueError, match="the onnx format exports the decode step only"):
+        kc.export(model, tmp_path / "x", "onnx", prefill_length=8)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not an engine folder"):
+        kc.export(model, tmp_path / "taken", "onnx")
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "keep me"
+
+
+def test_reexport_replaces_an_engine_folder(model, tmp_path):
+    first = kc.export(model, tmp_path / "engine", "onnx")
+    stamp = read_manifest(first)["files"]
+    second = kc.export(model, tmp_path / "engine", "onnx", batch=2)
+    assert read_manifest(second)["batch"] == 2 and set(read_manifest(second)["files"]) == set(stamp)
+    assert [p.name for p in tmp_path.iterdir()] == ["engine"]  # no staging folder left
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message shown where TensorRT cannot run"
+)
+def test_tensorrt_without_gpu_names_the_extra(model, tmp_path):
+    with pytest.raises(ImportError, match=r"pip install 'kvpop_compile\[tensorrt\]'|CUDA GPU"):
+        kc.export(model, tmp_path / "trt", "tensorrt")
+    with pytest.raises(ImportError, match="backend='tensorrt' needs"):
+        kc.compile(model, backend="tensorrt")
+    assert not (tmp_path / "trt").exists()
