@@ -17,6 +17,26 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from . import export, load_scorer, transform
+    from .config import KVpopConfig
+
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    model = transform(model.eval(), config)
+    if args.scorer_path:
+        load_scorer(model, args.scorer_path)
+    folder = export(
+        model, args.out, args.format, batch=args.batch, prefill_length=args.prefill_length
+    )
+    print(f"wrote {args.format} engine to {folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpop-compile", description="Bounded KV cache with a learned policy for Qwen3."
@@ -28,6 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scorer", default="window", help="policy (default window)")
     demo.add_argument("--seed", type=int, default=0, help="model initialisation seed")
     demo.set_defaults(run=_demo)
+
+    exporter = commands.add_parser("export", help="transform a local Qwen3 and export an engine")
+    exporter.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
+    exporter.add_argument("--out", required=True, help="engine folder to write")
+    exporter.add_argument("--format", default="aoti", choices=["aoti", "onnx", "tensorrt"])
+    exporter.add_argument("--sinks", type=int, default=4)
+    exporter.add_argument("--window", type=int, default=256)
+    exporter.add_argument("--topk", type=int, default=3836)
+    exporter.add_argument("--lam", type=float, default=0.0)
+    exporter.add_argument("--scorer", default="memory", help="policy (default memory)")
+    exporter.add_argument("--scorer-path", help="folder written by save_scorer")
+    exporter.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
+    exporter.add_argument(
+        "--prefill-length", type=int, help="also export a prefill step for prompts this long"
+    )
+    exporter.set_defaults(run=_export)
     return parser
 
 
@@ -35,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
         print(f"kvpop-compile {args.command}: {error}", file=sys.stderr)
         return 2
 

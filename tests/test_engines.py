@@ -202,3 +202,18 @@ def test_tensorrt_without_gpu_names_the_extra(model, tmp_path):
     with pytest.raises(ImportError, match="backend='tensorrt' needs"):
         kc.compile(model, backend="tensorrt")
     assert not (tmp_path / "trt").exists()
+
+
+def test_cli_exports_a_local_checkpoint(tmp_path, capsys):
+    from kvpop_compile.cli import main
+
+    checkpoint = tmp_path / "checkpoint"
+    tiny_qwen3().save_pretrained(checkpoint)
+    args = ["export", "--model", str(checkpoint), "--out", str(tmp_path / "engine"),
+            "--format", "onnx", "--sinks", "2", "--window", "4", "--topk", "10"]  # fmt: skip
+    assert main(args) == 0
+    assert "wrote onnx engine to" in capsys.readouterr().out
+    runner = kc.load(tmp_path / "engine", config=kc.KVpopConfig(sinks=2, window=4, topk=10))
+    assert runner.generate(prompt(length=4, batch=1), 3).shape == (1, 7)
+    assert main(args[:-2] + ["--topk", "-1"]) == 2
+    assert "topk must be >= 0, got -1" in capsys.readouterr().err
