@@ -59,6 +59,9 @@ def capture_attention(attention: nn.Module, *, hidden_size: int, head_dim: int) 
         if is_guard or (node.op == "call_function" and node.target in _RUNTIME_CHECKS):
             graph.erase_node(node)
     graph._codegen = CodeGen()  # plain positional inputs and outputs, no pytree specs
+    # Unpickling a GraphModule re-traces its code with its graph's tracer class; export's needs
+    # constructor arguments, FX's plain tracer does not.
+    graph._tracer_cls, graph._tracer_extras = None, {}
     graph.lint()
     # A fresh GraphModule drops the exported module's input-spec hook; it references (does not
     # copy) the attention's parameters.

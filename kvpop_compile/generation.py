@@ -33,8 +33,18 @@ def new_cache(model: nn.Module) -> KVpopCache:
     return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
 
 
+def _check_ids(input_ids: torch.Tensor, name: str) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.is_floating_point():
+        raise ValueError(
+            f"{name} must be integer token ids of shape (batch, length >= 1), got "
+            f"{input_ids.dtype} {tuple(input_ids.shape)}"
+        )
+
+
 def prefill(model: nn.Module, input_ids: torch.Tensor, cache: KVpopCache) -> torch.Tensor:
-    """Run the prompt ``(B, N)`` into an empty ``cache``; next-token logits ``(B, vocab)``."""
+    """Run ``input_ids (B, N)`` into ``cache`` (continuing the sequence it holds, if any);
+    next-token logits ``(B, vocab)``."""
+    _check_ids(input_ids, "input_ids")
     return model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1]
 
 
@@ -42,6 +52,11 @@ def decode_one_token(
     model: nn.Module, token: torch.Tensor, position: torch.Tensor, cache: KVpopCache
 ) -> torch.Tensor:
     """One decode step: ``token (B, 1)`` at ``position (B, 1)`` → logits ``(B, vocab)``."""
+    if token.dim() != 2 or token.shape[1] != 1 or position.shape != token.shape:
+        raise ValueError(
+            f"expected token and position of shape (batch, 1), got {tuple(token.shape)} and "
+            f"{tuple(position.shape)}"
+        )
     out = model(input_ids=token, position_ids=position, cache=cache, use_cache=True)
     return out.logits[:, -1]
 
@@ -72,7 +87,8 @@ def generate(
 ) -> torch.Tensor:
     """Greedy generation: ``input_ids (B, N)`` → ``(B, N + max_new_tokens)``.
 
-    ``step`` is the decode step (``compile(model)``'s, or eager by default)."""
+    ``step`` is the decode step (``compile(model)``'s, or eager by default). A ``cache`` that
+    already holds a sequence is continued: ``input_ids`` are the tokens that follow it."""
     _require_transformed(model)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -80,7 +96,7 @@ def generate(
     step = partial(decode_one_token, model) if step is None else step
     token = prefill(model, input_ids, cache).argmax(dim=-1, keepdim=True)
     tokens = [input_ids, token]
-    position = torch.full_like(token, input_ids.shape[1])
+    position = torch.full_like(token, int(cache.get_seq_length()))
     for _ in range(max_new_tokens - 1):
         token = step(token, position, cache).argmax(dim=-1, keepdim=True)
         tokens.append(token)

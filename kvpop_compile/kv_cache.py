@@ -7,6 +7,8 @@ layer reads and writes its :class:`BoundedCacheState` in place. Its size is fixe
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -71,12 +73,25 @@ class KVpopLayer(CacheLayerMixin):
             self.state.reset_()
         self.known_empty = True
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def _select_rows(self, rows: torch.Tensor) -> None:
+        """Replace the batch by ``rows`` of it (a reorder, repeat or subset)."""
         if self.state is None:
             return
-        for tensor in self.state.tensors():
-            if tensor.dim() > 0:
-                tensor.copy_(tensor.index_select(0, beam_idx.to(tensor.device)))
+        for f in fields(self.state):
+            tensor = getattr(self.state, f.name)
+            if tensor.dim() > 0:  # every field but `seen` has the batch first
+                setattr(self.state, f.name, tensor.index_select(0, rows.to(tensor.device)))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select_rows(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.state is not None:
+            batch = self.state.keys.shape[0]
+            self._select_rows(torch.arange(batch).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select_rows(indices)
 
 
 class KVpopCache(Cache):

@@ -4,6 +4,10 @@ It runs the attention's rewritten graph (projections, norms and RoPE exactly as 
 attention itself replaced by bounded attention) against the layer's state in the
 :class:`KVpopCache` it is handed. The module is swapped into each layer instance; no transformers
 class is modified.
+
+The original attention's projections and norms stay registered under their own names, so the
+model's ``state_dict`` keys (and ``save_pretrained`` files) are those of the original model,
+plus ``self_attn.scorer.*``. The graph reads the very same parameters.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.fx import GraphModule
+from transformers.cache_utils import Cache
 
 from .config import KVpopConfig
 from .kv_cache import KVpopCache
@@ -21,33 +26,48 @@ from .runtime.cache import BoundedCacheState
 class KVpopAttention(nn.Module):
     """Drop-in for a Qwen3 attention: ``forward(hidden (B, N, hidden), (cos, sin), ...)``."""
 
-    def __init__(self, graph: GraphModule, layer_idx: int, config: KVpopConfig, head_dim: int):
+    def __init__(self, attention: nn.Module, graph: GraphModule, config: KVpopConfig):
         super().__init__()
-        self.graph = graph
-        self.layer_idx = layer_idx
+        for name, child in attention.named_children():
+            self.add_module(name, child)  # the parameters the graph reads
+        self.scorer = graph.kvpop_attention_0.scorer
+        # Not a registered submodule: its parameters are registered above already.
+        self.__dict__["graph"] = graph
+        self.layer_idx = attention.layer_idx
+        self.head_dim = attention.head_dim
         self.kvpop_config = config
-        self.head_dim = head_dim
+        # The capture recorded the casts of this dtype (q_norm, k_norm): it is the only one the
+        # graph computes correctly.
+        self.graph_dtype = next(attention.parameters()).dtype
 
     @property
     def bounded(self) -> BoundedAttention:
         return self.graph.kvpop_attention_0
 
-    @property
-    def scorer(self) -> nn.Module:
-        return self.bounded.scorer
-
     def _state(self, cache, hidden_states: torch.Tensor) -> tuple[BoundedCacheState, bool]:
         """The state to run against, and whether the host knows it is empty without reading
         the device (a fresh layer of a KVpopCache, or a temporary state for a forward without
-        one). The flag is only read for prefills: a compiled decode step never guards on it."""
+        a cache). The flag is only read for prefills: a compiled decode step never guards on
+        it."""
         kwargs = {
             "batch": hidden_states.shape[0],
             "head_dim": self.head_dim,
             "dtype": hidden_states.dtype,
             "device": hidden_states.device,
         }
-        if not isinstance(cache, KVpopCache):
+        if cache is None:
             return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs), True
+        if not isinstance(cache, KVpopCache):
+            kind = type(cache).__name__ if isinstance(cache, Cache) else repr(cache)
+            raise TypeError(
+                f"KVpop attention keeps its state in a KVpopCache, got {kind}; call the model "
+                "(it supplies one) or pass cache=kvpop_compile.new_cache(model)"
+            )
+        if cache.config != self.kvpop_config:
+            raise ValueError(
+                f"this KVpopCache was made for {cache.config}, the model is transformed with "
+                f"{self.kvpop_config}; use kvpop_compile.new_cache(model)"
+            )
         layer = cache.layers[self.layer_idx]
         state = layer.state_for(self.scorer, **kwargs)
         empty = hidden_states.shape[1] > 1 and layer.known_empty
@@ -67,6 +87,11 @@ class KVpopAttention(nn.Module):
             raise RuntimeError(
                 "a transformed model runs inference only (its bounded cache is not "
                 "differentiable): call model.eval(); scorers are trained on the original model"
+            )
+        if hidden_states.dtype != self.graph_dtype:
+            raise ValueError(
+                f"the model was transformed in {self.graph_dtype} and now runs in "
+                f"{hidden_states.dtype}; change the dtype before kvpop_compile.transform"
             )
         # The graph was captured with one rotary row per sequence; transformers may pass one
         # row for the whole batch.

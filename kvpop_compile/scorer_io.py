@@ -63,11 +63,12 @@ def _atomic_write(path: Path, write) -> None:
 
 def save_scorer(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write the scorers of a transformed model to the folder ``path`` (created if needed)."""
+    attentions = _attentions(model)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {
         f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
-        for i, attention in enumerate(_attentions(model))
+        for i, attention in enumerate(attentions)
         for name, tensor in attention.scorer.state_dict().items()
     }
     _atomic_write(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
@@ -86,6 +87,8 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
         saved = json.loads((folder / CONFIG_FILE).read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{folder / CONFIG_FILE} is not valid JSON: {error}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("kvpop_config"), dict):
+        raise ValueError(f"{folder / CONFIG_FILE} is not a {FORMAT} file (no kvpop_config)")
     if saved.get("format") != FORMAT or saved.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{folder / CONFIG_FILE} is not a {FORMAT} v{FORMAT_VERSION} file "
@@ -97,7 +100,9 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             raise ValueError(
                 f"scorer mismatch: saved for {key}={saved.get(key)}, the model has {expected[key]}"
             )
-    for key in SCORER_FIELDS:
+    # The random scorer is its seed; other scorers' seed only initialised what was loaded.
+    random_scorer = expected["kvpop_config"]["scorer"] == "random"
+    for key in (*SCORER_FIELDS, "seed") if random_scorer else SCORER_FIELDS:
         have, want = saved["kvpop_config"].get(key), expected["kvpop_config"][key]
         if have != want:
             raise ValueError(

@@ -2,7 +2,8 @@
 
 Each decoder layer's attention is captured as a graph, rewritten by the passes of
 :mod:`kvpop_compile.passes`, and swapped into that layer instance. A forward pre-hook on the
-model hands every forward (and so ``generate()``) a :class:`KVpopCache` when it has none.
+decoder stack hands every forward (and so ``generate()``) a :class:`KVpopCache` when it has
+none.
 """
 
 from __future__ import annotations
@@ -72,16 +73,35 @@ def _check_model(model: nn.Module, config: KVpopConfig) -> None:
         )
 
 
-def _bounded_cache_hook(model: nn.Module, config: KVpopConfig):
-    """Forward pre-hook: give the forward a KVpopCache and refuse padded batches."""
+class BoundedCacheHook:
+    """Forward pre-hook on the decoder stack (``model.model``): give every forward a KVpopCache
+    unless it has one, and refuse masks KVpop attention cannot honour (it is causal, with one
+    unpadded sequence per row). A plain class, so a transformed model pickles and deep-copies
+    without holding on to the original."""
 
-    def hook(module, args, kwargs):
-        mask = kwargs.get("attention_mask")
-        if mask is not None and mask.dim() == 2 and bool((mask == 0).any()):
+    def __init__(self, num_layers: int, config: KVpopConfig):
+        self.num_layers = num_layers
+        self.config = config
+
+    @staticmethod
+    def _check_mask(mask) -> None:
+        if mask is None:
+            return
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            raise ValueError(
+                "KVpop attention is causal and ignores custom or prepared attention masks; pass "
+                "a 2-D attention_mask without padding (or none), and keep generate()'s default "
+                "cache_implementation"
+            )
+        if bool((mask == 0).any()):
             raise ValueError(
                 "attention_mask has padding: a KVpop cache holds one unpadded sequence per row; "
                 "generate sequences of different lengths in separate calls"
             )
+
+    def __call__(self, module, args, kwargs):
+        self._check_mask(kwargs["attention_mask"] if "attention_mask" in kwargs else (
+            args[1] if len(args) > 1 else None))  # fmt: skip
         if kwargs.get("use_cache") is False:
             return None
         name = "past_key_values" if "past_key_values" in kwargs else "cache"
@@ -93,10 +113,8 @@ def _bounded_cache_hook(model: nn.Module, config: KVpopConfig):
                 f"a transformed model keeps its KV state in a KVpopCache, got a filled "
                 f"{type(cache).__name__}; pass the KVpopCache a previous forward returned"
             )
-        kwargs[name] = KVpopCache(model.config.num_hidden_layers, config)
+        kwargs[name] = KVpopCache(self.num_layers, self.config)
         return args, kwargs
-
-    return hook
 
 
 def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
@@ -115,9 +133,9 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
             attention, hidden_size=hf_config.hidden_size, head_dim=attention.head_dim
         )
         graph = run_passes(graph, config)
-        bounded = KVpopAttention(graph, attention.layer_idx, config, attention.head_dim)
-        layer.self_attn = bounded.train(attention.training)
+        layer.self_attn = KVpopAttention(attention, graph, config).train(attention.training)
     model.kvpop_config = config
-    model.register_forward_pre_hook(_bounded_cache_hook(model, config), with_kwargs=True)
+    hook = BoundedCacheHook(hf_config.num_hidden_layers, config)
+    model.model.register_forward_pre_hook(hook, with_kwargs=True)
     logger.info("transform: %d layers now use KVpop bounded attention", len(model.model.layers))
     return model

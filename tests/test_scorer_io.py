@@ -70,11 +70,24 @@ def test_missing_or_corrupt_files_are_refused(tmp_path):
     (tmp_path / "scorer.json").write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
         kc.load_scorer(model, tmp_path)
-    (tmp_path / "scorer.json").write_text(json.dumps({"format": "other"}))
+    (tmp_path / "scorer.json").write_text(json.dumps(["not", "a", "dict"]))
+    with pytest.raises(ValueError, match=r"is not a kvpop-scorer file \(no kvpop_config\)"):
+        kc.load_scorer(model, tmp_path)
+    (tmp_path / "scorer.json").write_text(json.dumps({"format": "other", "kvpop_config": {}}))
     with pytest.raises(ValueError, match="is not a kvpop-scorer v1 file"):
         kc.load_scorer(model, tmp_path)
     with pytest.raises(ValueError, match="is not transformed"):
-        kc.save_scorer(tiny_qwen3(), tmp_path)
+        kc.save_scorer(tiny_qwen3(), tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
+def test_random_scorer_seed_must_match(tmp_path):
+    kc.save_scorer(
+        transformed(kc.KVpopConfig(sinks=2, window=4, topk=6, scorer="random")), tmp_path
+    )
+    with pytest.raises(ValueError, match="scorer mismatch: saved with seed=0, .* seed=1"):
+        other = kc.KVpopConfig(sinks=2, window=4, topk=6, scorer="random", seed=1)
+        kc.load_scorer(transformed(other), tmp_path)
 
 
 def test_a_failed_save_leaves_the_previous_scorer_intact(tmp_path, monkeypatch):

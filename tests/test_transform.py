@@ -174,3 +174,74 @@ def test_training_mode_is_refused():
     model = kc.transform(tiny_qwen3(), ROOMY).train()
     with pytest.raises(RuntimeError, match="runs inference only"):
         model(prompt(length=3))
+
+
+def test_masks_it_cannot_honour_are_refused():
+    model = kc.transform(tiny_qwen3(), ROOMY)
+    ids = prompt(length=6)
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with pytest.raises(ValueError, match="attention_mask has padding"):
+        model(ids, padded)  # positional
+    with pytest.raises(ValueError, match="ignores custom or prepared attention masks"):
+        model(ids, attention_mask=torch.ones(2, 1, 6, 6))
+    with pytest.raises(ValueError, match="ignores custom or prepared attention masks"):
+        model.generate(ids, max_new_tokens=2, cache_implementation="static")
+    model(ids, torch.ones_like(ids))  # an all-ones mask is fine
+
+
+def test_decoder_stack_called_directly_keeps_its_cache():
+    original = tiny_qwen3()
+    ids = prompt(length=10)
+    with torch.no_grad():
+        expected = original.model(ids).last_hidden_state[:, -1]
+        model = kc.transform(original, ROOMY)
+        first = model.model(ids[:, :6])
+        assert isinstance(first.past_key_values, kc.KVpopCache)
+        rest = model.model(ids[:, 6:], cache=first.past_key_values)
+    torch.testing.assert_close(rest.last_hidden_state[:, -1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_continues_a_cache_at_the_right_positions():
+    original = tiny_qwen3()
+    ids = prompt(length=8)
+    with torch.no_grad():
+        expected = original.generate(ids, max_new_tokens=15, do_sample=False)
+    model = kc.transform(original, ROOMY)
+    cache = kc.new_cache(model)
+    first = kc.generate(model, ids, 5, cache=cache)
+    # The cache holds all but the last generated token: continue from that token.
+    rest = kc.generate(model, first[:, -1:], 10, cache=cache)
+    assert torch.equal(torch.cat([first, rest[:, 1:]], dim=1), expected)
+
+
+def test_state_dict_keeps_the_original_names_and_the_model_pickles(tmp_path):
+    original = tiny_qwen3()
+    names = set(original.state_dict())
+    model = kc.transform(original, ROOMY)
+    transformed_names = set(model.state_dict())
+    assert names <= transformed_names
+    assert all(".self_attn.scorer." in n for n in transformed_names - names)
+    torch.save(model, tmp_path / "model.pt")
+    reloaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    ids = prompt(length=6)
+    assert torch.equal(kc.generate(reloaded, ids, 8), kc.generate(model, ids, 8))
+
+
+def test_dtype_change_after_transform_is_refused():
+    model = kc.transform(tiny_qwen3(), ROOMY).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="transformed in torch.float32 and now runs in torch.bf"):
+        model(prompt(length=3))
+
+
+def test_bad_generation_inputs_are_refused():
+    model = kc.transform(tiny_qwen3(), ROOMY)
+    with pytest.raises(ValueError, match=r"input_ids must be integer token ids of shape"):
+        kc.generate(model, torch.tensor([1, 2, 3]), 2)
+    with pytest.raises(ValueError, match=r"input_ids must be integer token ids of shape"):
+        kc.generate(model, torch.zeros(1, 0, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match=r"expected token and position of shape \(batch, 1\)"):
+        kc.decode_one_token(model, torch.tensor([[1]]), torch.tensor(3), kc.new_cache(model))
+    other = kc.KVpopCache(2, kc.KVpopConfig(sinks=1, window=2, topk=3))
+    with pytest.raises(ValueError, match="this KVpopCache was made for"):
+        kc.generate(model, prompt(length=3), 2, cache=other)
