@@ -36,21 +36,31 @@ def _attentions(model: nn.Module):
     return [layer.self_attn for layer in model.model.layers]
 
 
-def _describe(model: nn.Module) -> dict:
-    config: KVpopConfig = model.kvpop_config
-    first = _attentions(model)[0]
+def describe(config: KVpopConfig, *, num_layers: int, num_kv_heads: int, head_dim: int):
+    """The JSON description saved beside a model's scorers."""
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "library_version": __version__,
-        "num_layers": len(model.model.layers),
-        "num_kv_heads": first.scorer.num_kv_heads,
-        "head_dim": first.head_dim,
+        "num_layers": num_layers,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
         "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
     }
 
 
-def _atomic_write(path: Path, write) -> None:
+def _describe(model: nn.Module) -> dict:
+    first = _attentions(model)[0]
+    return describe(
+        model.kvpop_config,
+        num_layers=len(model.model.layers),
+        num_kv_heads=first.scorer.num_kv_heads,
+        head_dim=first.head_dim,
+    )
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(temporary_path)``, then rename it to ``path``: readers never see half a file."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
     try:
@@ -61,20 +71,25 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def save_scorer(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write the scorers of a transformed model to the folder ``path`` (created if needed)."""
-    attentions = _attentions(model)
+def save_scorers(scorers: list[nn.Module], description: dict, path: str | os.PathLike) -> Path:
+    """Write per-layer ``scorers`` and their ``description`` to the folder ``path``."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {
         f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
-        for i, attention in enumerate(attentions)
-        for name, tensor in attention.scorer.state_dict().items()
+        for i, scorer in enumerate(scorers)
+        for name, tensor in scorer.state_dict().items()
     }
-    _atomic_write(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
-    description = json.dumps(_describe(model), indent=2, sort_keys=True)
-    _atomic_write(folder / CONFIG_FILE, lambda tmp: Path(tmp).write_text(description))
+    atomic_write(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
+    text = json.dumps(description, indent=2, sort_keys=True)
+    atomic_write(folder / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text))
     return folder
+
+
+def save_scorer(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write the scorers of a transformed model to the folder ``path`` (created if needed)."""
+    attentions = _attentions(model)
+    return save_scorers([a.scorer for a in attentions], _describe(model), path)
 
 
 def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op
 
-from . import attention, cache_update, eviction
+from . import attention, cache_update, eviction, target
 
 
 @triton_op("kvpop::eviction_steps", mutates_args=())
@@ -87,3 +87,11 @@ def write_token(
         keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
         sinks, topk, window,
     )  # fmt: skip
+
+
+@triton_op("kvpop::future_attention_target", mutates_args=())
+def future_attention_target(
+    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, window: int, scale: float, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transposed-attention log target ``(B, Hkv, N)`` and its validity ``(N,)``."""
+    return target.future_attention_target(q, k, lse, window=window, scale=scale, block=block)

@@ -1,0 +1,79 @@
+"""Training text: read files, tokenize, pack into fixed-length sequences, split off a held-out
+part. Deterministic: the same inputs give the same sequences in the same order."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+Tokenizer = Callable[[str], Sequence[int]]
+TEXT_SUFFIXES = (".txt", ".py")
+
+
+def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
+    """Texts from a folder of ``.txt``/``.py`` files (recursively, sorted by path), a ``.jsonl``
+    file of ``{"text": ...}`` records, or a list of strings."""
+    if not isinstance(data, (str, os.PathLike)):
+        texts = list(data)
+        if not texts:
+            raise ValueError("data is an empty list of texts")
+        return texts
+    path = Path(data)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        if not files:
+            raise ValueError(f"no .txt or .py files in {path}")
+        return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    if path.suffix == ".jsonl" and path.is_file():
+        texts = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{path}:{number} is not a JSON object with a 'text'") from None
+        if not texts:
+            raise ValueError(f"{path} has no records")
+        return texts
+    raise ValueError(f"data must be a folder of .txt/.py files, a .jsonl file or texts; got {path}")
+
+
+def byte_tokenizer(text: str) -> list[int]:
+    """UTF-8 bytes as token ids (for byte-vocabulary models)."""
+    return list(text.encode("utf-8"))
+
+
+def pack(
+    texts: Sequence[str], tokenizer: Tokenizer, seq_len: int, separator: int | None = None
+) -> torch.Tensor:
+    """Concatenate the tokenized texts (``separator`` between them) and cut ``(S, seq_len)``
+    sequences; the incomplete tail is dropped."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(text))
+        if separator is not None:
+            ids.append(separator)
+    count = len(ids) // seq_len
+    if count == 0:
+        raise ValueError(
+            f"the data has {len(ids)} tokens, fewer than one sequence of seq_len={seq_len}"
+        )
+    return torch.tensor(ids[: count * seq_len], dtype=torch.int64).view(count, seq_len)
+
+
+def split(sequences: torch.Tensor, eval_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last ``eval_fraction`` of the sequences (at least one) are held out."""
+    if not 0 < eval_fraction < 1:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    if len(sequences) < 2:
+        raise ValueError(
+            f"need at least 2 sequences to hold one out, got {len(sequences)}; add data or "
+            "shorten seq_len"
+        )
+    held_out = max(1, round(len(sequences) * eval_fraction))
+    return sequences[:-held_out], sequences[-held_out:]

@@ -1,0 +1,255 @@
+"""``train_scorer``: learn a model's KVpop scorers from its own future attention.
+
+The LLM is frozen and runs as the teacher: each decoder layer's attention is captured and
+rewritten by the training passes (full attention that also yields each query's log-sum-exp,
+the transposed-attention target, the scorer and its loss), so no N x N attention map is ever
+built. Only scorer parameters get gradients; the LLM's activations are not kept for backward.
+
+Checkpoints (scorers, optimizer, step) are written atomically every ``checkpoint_every`` steps;
+a run resumed from one gives the same scorers as an uninterrupted run. The trained scorers are
+saved with the ``save_scorer`` format, ready for ``load_scorer`` on the transformed model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+from tqdm.auto import tqdm
+
+from ..capture import capture_attention
+from ..config import KVpopConfig
+from ..passes.insert_future_attention_target import insert_future_attention_target
+from ..passes.remove_dead_code import remove_dead_code
+from ..runtime.scorer_loss import LossKind
+from ..scorer_io import atomic_write, describe, save_scorers
+from ..transform import _check_model
+from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
+
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
+
+
+class TeacherAttention(nn.Module):
+    """A layer's attention running its training graph; keeps ``(loss, accuracy)`` per call."""
+
+    def __init__(self, attention: nn.Module, graph: GraphModule):
+        super().__init__()
+        for name, child in attention.named_children():
+            self.add_module(name, child)
+        self.scorer_loss = graph.kvpop_scorer_loss
+        self.__dict__["graph"] = graph  # its parameters are registered above
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
+        batch = hidden_states.shape[0]
+        cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
+        out, loss, accuracy = self.graph(hidden_states, cos, sin)
+        self.records.append((loss, accuracy))
+        return out, None
+
+
+@contextlib.contextmanager
+def teacher_attention(model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
+    """Swap training graphs into every layer; restore the original attentions afterwards."""
+    layers = model.model.layers
+    originals = [layer.self_attn for layer in layers]
+    training_pass = functools.partial(insert_future_attention_target, loss=loss, tau=tau)
+    try:
+        teachers = []
+        for layer, attention in zip(layers, originals, strict=True):
+            graph = capture_attention(
+                attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
+            )
+            for graph_pass in (training_pass, remove_dead_code):
+                graph = graph_pass(graph, config)
+            layer.self_attn = TeacherAttention(attention, graph)
+            teachers.append(layer.self_attn)
+        yield teachers
+    finally:
+        for layer, attention in zip(layers, originals, strict=True):
+            layer.self_attn = attention
+
+
+@dataclass
+class TrainingReport:
+    """What a run measured: per-step training loss/accuracy, held-out evaluations, output."""
+
+    history: list[dict] = field(default_factory=list)
+    evaluations: list[dict] = field(default_factory=list)
+    scorer_path: Path | None = None
+
+
+def _check_settings(config: KVpopConfig, seq_len: int, steps: int, batch_size: int) -> None:
+    if not config.scorer.learned:
+        raise ValueError(
+            f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
+        )
+    for name, value in (("steps", steps), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if seq_len <= config.capacity:
+        raise ValueError(
+            f"seq_len {seq_len} must exceed the capacity {config.capacity} (sinks + window + "
+            "topk): shorter sequences never make the policy choose what to drop"
+        )
+
+
+class _Batches:
+    """Deterministic batches: a fresh seeded permutation of the training sequences per epoch,
+    read as one stream, so step ``s`` always gets the same rows (resuming needs no RNG state)."""
+
+    def __init__(self, count: int, batch_size: int, seed: int):
+        self.count, self.batch_size, self.seed = count, batch_size, seed
+        self._orders: dict[int, torch.Tensor] = {}
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._orders:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._orders[epoch] = torch.randperm(self.count, generator=generator)
+        return self._orders[epoch]
+
+    def rows(self, step: int) -> torch.Tensor:
+        first = step * self.batch_size
+        items = range(first, first + self.batch_size)
+        return torch.stack([self._order(i // self.count)[i % self.count] for i in items])
+
+
+def _teacher_step(model, teachers, input_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    for teacher in teachers:
+        teacher.records.clear()
+    model.model(input_ids=input_ids, use_cache=False)
+    losses = torch.stack([loss for teacher in teachers for loss, _ in teacher.records])
+    accuracies = torch.stack([acc for teacher in teachers for _, acc in teacher.records])
+    return losses.mean(), accuracies.nanmean()
+
+
+@torch.no_grad()
+def _evaluate(model, teachers, sequences: torch.Tensor, batch_size: int) -> dict:
+    losses, accuracies = [], []
+    for start in range(0, len(sequences), batch_size):
+        loss, accuracy = _teacher_step(model, teachers, sequences[start : start + batch_size])
+        losses.append(float(loss))
+        accuracies.append(float(accuracy))
+    return {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(accuracies)}
+
+
+def _load_checkpoint(path: Path, settings: dict) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        checkpoint = torch.load(path, weights_only=True)
+    except Exception as error:  # a truncated or foreign file: say so, leave it in place
+        raise ValueError(
+            f"checkpoint {path} is corrupt ({type(error).__name__}); delete it or pass "
+            "resume=False to start over"
+        ) from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a kvpop_compile training checkpoint")
+    if checkpoint["settings"] != settings:
+        changed = sorted(k for k in settings if checkpoint["settings"].get(k) != settings[k])
+        raise ValueError(
+            f"checkpoint {path} was made with other settings ({', '.join(changed)}); use "
+            "another output_dir or resume=False"
+        )
+    return checkpoint
+
+
+def train_scorer(
+    model: nn.Module,
+    data,
+    config: KVpopConfig,
+    *,
+    output_dir: str | os.PathLike,
+    steps: int = 200,
+    seq_len: int = 512,
+    batch_size: int = 4,
+    lr: float = 1e-3,
+    loss: str = "boundary",
+    tau: float = 1.0,
+    eval_fraction: float = 0.1,
+    eval_every: int = 50,
+    checkpoint_every: int = 50,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> TrainingReport:
+    """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``.
+
+    ``data``: a folder of ``.txt``/``.py`` files, a ``.jsonl`` file, or a list of texts,
+    tokenized by ``tokenizer`` (text -> ids; UTF-8 bytes by default, for byte-vocabulary
+    models) and packed into sequences of ``seq_len`` tokens. Writes ``checkpoint.pt`` and the
+    final ``scorer/`` folder to ``output_dir``.
+    """
+    _check_model(model, config)
+    loss = LossKind(loss)
+    _check_settings(config, seq_len, steps, batch_size)
+    tokenizer = tokenizer or byte_tokenizer
+    sequences = pack(read_texts(data), tokenizer, seq_len)
+    train, held_out = split(sequences, eval_fraction)
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+        "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "loss": loss.value, "tau": tau,
+        "seed": seed, "train_sequences": len(train),
+    }  # fmt: skip
+    checkpoint = _load_checkpoint(output / CHECKPOINT, settings) if resume else None
+
+    frozen = {p: p.requires_grad for p in model.parameters()}
+    was_training = model.training
+    model.eval().requires_grad_(False)
+    report = TrainingReport()
+    try:
+        with teacher_attention(model, config, loss, tau) as teachers:
+            scorers = [t.scorer_loss.scorer for t in teachers]
+            parameters = [p for s in scorers for p in s.parameters()]
+            optimizer = torch.optim.AdamW(parameters, lr=lr)
+            start = 0
+            if checkpoint is not None:
+                for scorer, state in zip(scorers, checkpoint["scorers"], strict=True):
+                    scorer.load_state_dict(state)
+                optimizer.load_state_dict(checkpoint["optimizer"])
+                start = checkpoint["step"]
+                report.history = list(checkpoint["history"])
+            batches = _Batches(len(train), batch_size, seed)
+            bar = tqdm(range(start, steps), disable=not progress, desc="train_scorer")
+            for step in bar:
+                step_loss, accuracy = _teacher_step(model, teachers, train[batches.rows(step)])
+                accuracy = accuracy.detach()
+                optimizer.zero_grad(set_to_none=True)
+                step_loss.backward()
+                optimizer.step()
+                record = {"step": step + 1, "loss": step_loss.item(), "accuracy": accuracy.item()}
+                report.history.append(record)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
+                done = step + 1
+                if done % eval_every == 0 or done == steps:
+                    evaluation = _evaluate(model, teachers, held_out, batch_size)
+                    report.evaluations.append({"step": done, **evaluation})
+                if done % checkpoint_every == 0 or done == steps:
+                    state = {
+                        "format": CHECKPOINT_FORMAT, "settings": settings, "step": done,
+                        "scorers": [s.state_dict() for s in scorers],
+                        "optimizer": optimizer.state_dict(), "history": report.history,
+                    }  # fmt: skip
+                    atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))
+            description = describe(
+                config,
+                num_layers=len(scorers),
+                num_kv_heads=scorers[0].num_kv_heads,
+                head_dim=scorers[0].head_dim,
+            )
+            report.scorer_path = save_scorers(scorers, description, output / "scorer")
+    finally:
+        for parameter, requires_grad in frozen.items():
+            parameter.requires_grad_(requires_grad)
+        model.train(was_training)
+    return report

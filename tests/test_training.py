@@ -1,0 +1,161 @@
+"""Scorer training: the training-graph pass, train_scorer, checkpoints and resume."""
+
+import inspect
+import json
+import logging
+
+import pytest
+import torch
+from tiny_models import prompt, tiny_qwen3
+from torch.fx import Interpreter
+
+import kvpop_compile as kc
+from kvpop_compile.capture import capture_attention
+from kvpop_compile.passes.insert_future_attention_target import insert_future_attention_target
+from kvpop_compile.runtime import (
+    boundary_decisions,
+    boundary_loss,
+    future_attention_target_dense,
+    masked_attention,
+)
+from kvpop_compile.training import train_scorer
+
+CONFIG = kc.KVpopConfig(sinks=2, window=8, topk=16, scorer="memory")
+TEXTS = [inspect.getsource(module) for module in (json, inspect, logging)]
+
+
+def training_graph(model, layer=0):
+    attention = model.model.layers[layer].self_attn
+    graph = capture_attention(
+        attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
+    )
+    return attention, insert_future_attention_target(graph, CONFIG)
+
+
+def test_pass_inserts_one_target_and_one_loss_per_attention():
+    _, gm = training_graph(tiny_qwen3())
+    targets = [str(node.target) for node in gm.graph.nodes]
+    assert targets.count("kvpop.masked_attention.default") == 1
+    assert targets.count("kvpop.future_attention_target.default") == 1
+    assert targets.count("kvpop_scorer_loss") == 1
+    assert "aten.scaled_dot_product_attention.default" not in targets
+    output = next(node for node in gm.graph.nodes if node.op == "output")
+    assert len(output.args[0]) == 3  # attention output, loss, ranking accuracy
+
+
+class ShapeRecorder(Interpreter):
+    def run_node(self, node):
+        result = super().run_node(node)
+        self.shapes.extend(
+            tuple(t.shape) for t in torch.utils._pytree.tree_leaves(result)
+            if isinstance(t, torch.Tensor)
+        )  # fmt: skip
+        return result
+
+
+def test_training_graph_never_holds_an_n_by_n_tensor():
+    model = tiny_qwen3()
+    _, gm = training_graph(model)
+    n = 512
+    hidden = torch.randn(1, n, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None])
+    recorder = ShapeRecorder(gm)
+    recorder.shapes = []
+    with torch.no_grad():
+        recorder.run(hidden, cos, sin)
+    assert recorder.shapes
+    assert all(sum(size >= n for size in shape) < 2 for shape in recorder.shapes)
+    # Inside the ops: the teacher attention's scratch is O(block * N), never N x N.
+    q, k = torch.randn(1, 4, 8192, 16), torch.randn(1, 2, 8192, 16)
+    largest = []
+
+    class Largest(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            largest.extend(t.numel() for t in torch.utils._pytree.tree_leaves(out)
+                           if isinstance(t, torch.Tensor))  # fmt: skip
+            return out
+
+    with Largest():
+        masked_attention(q, k, k, None, scale=0.25, block=64)
+    assert max(largest) <= 4 * 64 * 8192
+
+
+def test_loss_equals_a_hand_written_step_on_the_dense_reference():
+    model = tiny_qwen3()
+    attention, gm = training_graph(model)
+    n = 64
+    hidden = torch.randn(2, n, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None].expand(2, -1))
+    with torch.no_grad():
+        _, loss, accuracy = gm(hidden, cos, sin)
+        shape = (2, n, -1, attention.head_dim)
+        q = attention.q_norm(attention.q_proj(hidden).view(shape)).transpose(1, 2)
+        raw_k = attention.k_norm(attention.k_proj(hidden).view(shape)).transpose(1, 2)
+        v = attention.v_proj(hidden).view(shape).transpose(1, 2)
+        from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+        q, k = apply_rotary_pos_emb(q, raw_k, cos, sin)
+        target, _ = future_attention_target_dense(
+            q, k, window=CONFIG.window, scale=attention.scaling
+        )
+        scorer = gm.kvpop_scorer_loss.scorer
+        rhat, _ = scorer.score_sequence(raw_k, v, CONFIG.window)
+        decisions = boundary_decisions(target, sinks=2, window=8, topk=16, lam=0.0)
+        expected = boundary_loss(rhat, decisions)
+    # Same float32 values by two routes (dense vs transposed target: ~1e-6 apart in log space).
+    torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
+    assert 0 <= float(accuracy) <= 1
+
+
+def run(tmp_path, steps, **overrides):
+    settings = dict(
+        steps=steps, seq_len=96, batch_size=2, eval_every=5, checkpoint_every=3, lr=3e-3,
+        progress=False,
+    )  # fmt: skip
+    settings.update(overrides)
+    return train_scorer(tiny_qwen3(), TEXTS, CONFIG, output_dir=tmp_path, **settings)
+
+
+def test_training_lowers_the_loss_and_ranks_above_chance(tmp_path):
+    report = run(tmp_path, 30)
+    first = sum(r["loss"] for r in report.history[:5]) / 5
+    last = sum(r["loss"] for r in report.history[-5:]) / 5
+    assert last < first
+    assert report.evaluations[-1]["accuracy"] > 0.6  # chance is 0.5
+    model = kc.transform(tiny_qwen3(), CONFIG)
+    kc.load_scorer(model, report.scorer_path)
+    assert kc.generate(model, prompt(length=40, batch=1), 5).shape == (1, 45)
+
+
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    straight = run(tmp_path / "straight", 6)
+    run(tmp_path / "resumed", 3)
+    resumed = run(tmp_path / "resumed", 6)
+    assert resumed.history == straight.history
+    a = (straight.scorer_path / "scorer.safetensors").read_bytes()
+    b = (resumed.scorer_path / "scorer.safetensors").read_bytes()
+    assert a == b
+
+
+def test_bad_inputs_are_refused_and_checkpoints_kept(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .txt or .py files in"):
+        train_scorer(tiny_qwen3(), tmp_path / "empty", CONFIG, output_dir=tmp_path / "a")
+    with pytest.raises(ValueError, match="seq_len 20 must exceed the capacity 26"):
+        run(tmp_path / "b", 2, seq_len=20)
+    with pytest.raises(ValueError, match="scorer 'window' has no parameters to train"):
+        train_scorer(tiny_qwen3(), TEXTS, kc.KVpopConfig(sinks=2, window=8, topk=16,
+                     scorer="window"), output_dir=tmp_path / "c", progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="already transformed"):
+        train_scorer(kc.transform(tiny_qwen3(), CONFIG), TEXTS, CONFIG, output_dir=tmp_path / "d")
+    run(tmp_path / "e", 3)
+    checkpoint = tmp_path / "e" / "checkpoint.pt"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+    damaged = checkpoint.read_bytes()
+    with pytest.raises(ValueError, match="checkpoint .* is corrupt"):
+        run(tmp_path / "e", 6)
+    assert checkpoint.read_bytes() == damaged  # left for the user to inspect
+    run(tmp_path / "f", 3)
+    with pytest.raises(ValueError, match="made with other settings \\(lr\\)"):
+        run(tmp_path / "f", 6, lr=1e-2)
