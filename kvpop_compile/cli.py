@@ -37,6 +37,42 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .config import KVpopConfig
+    from .training import train_scorer
+
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    tokenizer = None
+    if args.tokenizer == "model":
+        encode = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = lambda text: encode(text)["input_ids"]  # noqa: E731
+    report = train_scorer(
+        model, args.data, config, output_dir=args.out, steps=args.steps, seq_len=args.seq_len,
+        batch_size=args.batch_size, lr=args.lr, loss=args.loss, tokenizer=tokenizer,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+    )  # fmt: skip
+    for evaluation in report.evaluations:
+        print(
+            f"step {evaluation['step']}: held-out loss {evaluation['loss']:.4f}, "
+            f"ranking accuracy {evaluation['accuracy']:.3f}"
+        )
+    print(f"wrote scorer to {report.scorer_path}")
+    return 0
+
+
+def _budget_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sinks", type=int, default=4)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--topk", type=int, default=3836)
+    parser.add_argument("--lam", type=float, default=0.0)
+    parser.add_argument("--scorer", default="memory", help="policy (default memory)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvpop-compile", description="Bounded KV cache with a learned policy for Qwen3."
@@ -53,17 +89,32 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
     exporter.add_argument("--out", required=True, help="engine folder to write")
     exporter.add_argument("--format", default="aoti", choices=["aoti", "onnx", "tensorrt"])
-    exporter.add_argument("--sinks", type=int, default=4)
-    exporter.add_argument("--window", type=int, default=256)
-    exporter.add_argument("--topk", type=int, default=3836)
-    exporter.add_argument("--lam", type=float, default=0.0)
-    exporter.add_argument("--scorer", default="memory", help="policy (default memory)")
+    _budget_arguments(exporter)
     exporter.add_argument("--scorer-path", help="folder written by save_scorer")
     exporter.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
     exporter.add_argument(
         "--prefill-length", type=int, help="also export a prefill step for prompts this long"
     )
     exporter.set_defaults(run=_export)
+
+    trainer = commands.add_parser("train", help="train scorers for a local Qwen3 checkpoint")
+    trainer.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
+    trainer.add_argument("--data", required=True, help="folder of .txt/.py files or a .jsonl")
+    trainer.add_argument("--out", required=True, help="output folder (checkpoint, scorer/)")
+    _budget_arguments(trainer)
+    trainer.add_argument("--steps", type=int, default=200)
+    trainer.add_argument("--seq-len", type=int, default=512)
+    trainer.add_argument("--batch-size", type=int, default=4)
+    trainer.add_argument("--lr", type=float, default=1e-3)
+    trainer.add_argument("--loss", default="boundary", choices=["boundary", "regression",
+                         "quantile"])  # fmt: skip
+    trainer.add_argument("--eval-every", type=int, default=50)
+    trainer.add_argument("--checkpoint-every", type=int, default=50)
+    trainer.add_argument(
+        "--tokenizer", default="model", choices=["model", "bytes"],
+        help="the checkpoint's tokenizer (default) or UTF-8 bytes for byte-vocabulary models",
+    )  # fmt: skip
+    trainer.set_defaults(run=_train)
     return parser
 
 

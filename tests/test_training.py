@@ -159,3 +159,20 @@ def test_bad_inputs_are_refused_and_checkpoints_kept(tmp_path):
     run(tmp_path / "f", 3)
     with pytest.raises(ValueError, match="made with other settings \\(lr\\)"):
         run(tmp_path / "f", 6, lr=1e-2)
+
+
+def test_cli_trains_a_local_checkpoint(tmp_path, capsys):
+    from kvpop_compile.cli import main
+
+    tiny_qwen3().save_pretrained(tmp_path / "checkpoint")
+    (tmp_path / "data").mkdir()
+    for i, text in enumerate(TEXTS):
+        (tmp_path / "data" / f"{i}.py").write_text(text)
+    args = ["train", "--model", str(tmp_path / "checkpoint"), "--data", str(tmp_path / "data"),
+            "--out", str(tmp_path / "out"), "--sinks", "2", "--window", "8", "--topk", "16",
+            "--steps", "4", "--seq-len", "96", "--batch-size", "2", "--eval-every", "2",
+            "--tokenizer", "bytes"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "step 4: held-out loss" in out and "wrote scorer to" in out
+    assert (tmp_path / "out" / "scorer" / "scorer.json").is_file()
