@@ -31,6 +31,7 @@ from ..runtime.scorer_loss import LossKind
 from ..scorer_io import atomic_write, describe, save_scorers
 from ..transform import _check_model
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
+from .distributed import ProcessGroup
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
@@ -86,7 +87,9 @@ class TrainingReport:
     scorer_path: Path | None = None
 
 
-def _check_settings(config: KVpopConfig, seq_len: int, steps: int, batch_size: int) -> None:
+def _check_settings(
+    config: KVpopConfig, seq_len: int, steps: int, batch_size: int, group: ProcessGroup
+) -> None:
     if not config.scorer.learned:
         raise ValueError(
             f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
@@ -94,6 +97,10 @@ def _check_settings(config: KVpopConfig, seq_len: int, steps: int, batch_size: i
     for name, value in (("steps", steps), ("batch_size", batch_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if batch_size % group.world:
+        raise ValueError(
+            f"batch_size {batch_size} must be a multiple of the {group.world} processes"
+        )
     if seq_len <= config.capacity:
         raise ValueError(
             f"seq_len {seq_len} must exceed the capacity {config.capacity} (sinks + window + "
@@ -190,7 +197,8 @@ def train_scorer(
     """
     _check_model(model, config)
     loss = LossKind(loss)
-    _check_settings(config, seq_len, steps, batch_size)
+    group = ProcessGroup.current()
+    _check_settings(config, seq_len, steps, batch_size, group)
     tokenizer = tokenizer or byte_tokenizer
     sequences = pack(read_texts(data), tokenizer, seq_len)
     train, held_out = split(sequences, eval_fraction)
@@ -220,13 +228,16 @@ def train_scorer(
                 start = checkpoint["step"]
                 report.history = list(checkpoint["history"])
             batches = _Batches(len(train), batch_size, seed)
-            bar = tqdm(range(start, steps), disable=not progress, desc="train_scorer")
+            show = progress and group.is_main
+            bar = tqdm(range(start, steps), disable=not show, desc="train_scorer")
             for step in bar:
-                step_loss, accuracy = _teacher_step(model, teachers, train[batches.rows(step)])
-                accuracy = accuracy.detach()
+                rows = group.shard(batches.rows(step))
+                step_loss, accuracy = _teacher_step(model, teachers, train[rows])
                 optimizer.zero_grad(set_to_none=True)
                 step_loss.backward()
+                group.average_gradients(parameters)
                 optimizer.step()
+                step_loss, accuracy = group.mean(step_loss.detach()), group.mean(accuracy.detach())
                 record = {"step": step + 1, "loss": step_loss.item(), "accuracy": accuracy.item()}
                 report.history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
@@ -234,7 +245,7 @@ def train_scorer(
                 if done % eval_every == 0 or done == steps:
                     evaluation = _evaluate(model, teachers, held_out, batch_size)
                     report.evaluations.append({"step": done, **evaluation})
-                if done % checkpoint_every == 0 or done == steps:
+                if (done % checkpoint_every == 0 or done == steps) and group.is_main:
                     state = {
                         "format": CHECKPOINT_FORMAT, "settings": settings, "step": done,
                         "scorers": [s.state_dict() for s in scorers],
@@ -247,7 +258,10 @@ def train_scorer(
                 num_kv_heads=scorers[0].num_kv_heads,
                 head_dim=scorers[0].head_dim,
             )
-            report.scorer_path = save_scorers(scorers, description, output / "scorer")
+            report.scorer_path = output / "scorer"
+            if group.is_main:
+                save_scorers(scorers, description, report.scorer_path)
+            group.barrier()  # the others return once the files are complete
     finally:
         for parameter, requires_grad in frozen.items():
             parameter.requires_grad_(requires_grad)
