@@ -222,3 +222,20 @@ def test_two_gloo_processes_match_one(tmp_path):
             continue
         # Gradients summed in another order, then 4 Adam steps: float32 rounding only.
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6)
+
+
+def test_distillation_fine_tunes_the_student_towards_the_teacher(tmp_path):
+    model = tiny_qwen3()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report = train_scorer(
+        model, TEXTS, CONFIG, output_dir=tmp_path, mode="distill", trainable=["mlp"],
+        steps=20, seq_len=96, batch_size=2, lr=3e-3, eval_every=20, checkpoint_every=20,
+        progress=False,
+    )  # fmt: skip
+    kl = [r["kl"] for r in report.history]
+    assert sum(kl[-5:]) / 5 < sum(kl[:5]) / 5  # the student moves towards the teacher
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".mlp." in n for n in changed)  # only the chosen modules trained
+    assert report.evaluations[-1]["kl"] >= 0
+    with pytest.raises(ValueError, match="mode must be one of scorer, distill; got 'rl'"):
+        train_scorer(tiny_qwen3(), TEXTS, CONFIG, output_dir=tmp_path / "x", mode="rl")

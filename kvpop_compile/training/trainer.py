@@ -5,6 +5,8 @@ rewritten by the training passes (full attention that also yields each query's l
 the transposed-attention target, the scorer and its loss), so no N x N attention map is ever
 built. Only scorer parameters get gradients; the LLM's activations are not kept for backward.
 
+With ``mode="distill"`` the LLM is fine-tuned too (see :mod:`.objectives`).
+
 Checkpoints (scorers, optimizer, step) are written atomically every ``checkpoint_every`` steps;
 a run resumed from one gives the same scorers as an uninterrupted run. The trained scorers are
 saved with the ``save_scorer`` format, ready for ``load_scorer`` on the transformed model.
@@ -12,70 +14,26 @@ saved with the ``save_scorer`` format, ready for ``load_scorer`` on the transfor
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.fx import GraphModule
 from tqdm.auto import tqdm
 
-from ..capture import capture_attention
 from ..config import KVpopConfig
-from ..passes.insert_future_attention_target import insert_future_attention_target
-from ..passes.remove_dead_code import remove_dead_code
 from ..runtime.scorer_loss import LossKind
 from ..scorer_io import atomic_write, describe, save_scorers
 from ..transform import _check_model
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
+from .objectives import DistillObjective, ScorerObjective
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
-
-
-class TeacherAttention(nn.Module):
-    """A layer's attention running its training graph; keeps ``(loss, accuracy)`` per call."""
-
-    def __init__(self, attention: nn.Module, graph: GraphModule):
-        super().__init__()
-        for name, child in attention.named_children():
-            self.add_module(name, child)
-        self.scorer_loss = graph.kvpop_scorer_loss
-        self.__dict__["graph"] = graph  # its parameters are registered above
-        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
-        batch = hidden_states.shape[0]
-        cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
-        out, loss, accuracy = self.graph(hidden_states, cos, sin)
-        self.records.append((loss, accuracy))
-        return out, None
-
-
-@contextlib.contextmanager
-def teacher_attention(model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
-    """Swap training graphs into every layer; restore the original attentions afterwards."""
-    layers = model.model.layers
-    originals = [layer.self_attn for layer in layers]
-    training_pass = functools.partial(insert_future_attention_target, loss=loss, tau=tau)
-    try:
-        teachers = []
-        for layer, attention in zip(layers, originals, strict=True):
-            graph = capture_attention(
-                attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
-            )
-            for graph_pass in (training_pass, remove_dead_code):
-                graph = graph_pass(graph, config)
-            layer.self_attn = TeacherAttention(attention, graph)
-            teachers.append(layer.self_attn)
-        yield teachers
-    finally:
-        for layer, attention in zip(layers, originals, strict=True):
-            layer.self_attn = attention
+MODES = ("scorer", "distill")
 
 
 @dataclass
@@ -128,23 +86,15 @@ class _Batches:
         return torch.stack([self._order(i // self.count)[i % self.count] for i in items])
 
 
-def _teacher_step(model, teachers, input_ids) -> tuple[torch.Tensor, torch.Tensor]:
-    for teacher in teachers:
-        teacher.records.clear()
-    model.model(input_ids=input_ids, use_cache=False)
-    losses = torch.stack([loss for teacher in teachers for loss, _ in teacher.records])
-    accuracies = torch.stack([acc for teacher in teachers for _, acc in teacher.records])
-    return losses.mean(), accuracies.nanmean()
-
-
 @torch.no_grad()
-def _evaluate(model, teachers, sequences: torch.Tensor, batch_size: int) -> dict:
-    losses, accuracies = [], []
-    for start in range(0, len(sequences), batch_size):
-        loss, accuracy = _teacher_step(model, teachers, sequences[start : start + batch_size])
-        losses.append(float(loss))
-        accuracies.append(float(accuracy))
-    return {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(accuracies)}
+def _evaluate(objective, sequences: torch.Tensor, batch_size: int) -> dict:
+    totals: dict[str, float] = {}
+    batches = range(0, len(sequences), batch_size)
+    for start in batches:
+        _, metrics = objective(sequences[start : start + batch_size])
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+    return {name: total / len(batches) for name, total in totals.items()}
 
 
 def _load_checkpoint(path: Path, settings: dict) -> dict | None:
@@ -180,6 +130,10 @@ def train_scorer(
     lr: float = 1e-3,
     loss: str = "boundary",
     tau: float = 1.0,
+    mode: str = "scorer",
+    trainable: Sequence[str] | None = None,
+    kl_top: int = 32,
+    kl_weight: float = 1.0,
     eval_fraction: float = 0.1,
     eval_every: int = 50,
     checkpoint_every: int = 50,
@@ -194,9 +148,15 @@ def train_scorer(
     tokenized by ``tokenizer`` (text -> ids; UTF-8 bytes by default, for byte-vocabulary
     models) and packed into sequences of ``seq_len`` tokens. Writes ``checkpoint.pt`` and the
     final ``scorer/`` folder to ``output_dir``.
+
+    ``mode="distill"`` also fine-tunes the model in place (the parameters whose names contain
+    one of ``trainable``, or all) under the running-top-k mask, with KL to a frozen copy's top
+    ``kl_top`` logits weighted by ``kl_weight``; save it with ``save_pretrained`` afterwards.
     """
     _check_model(model, config)
     loss = LossKind(loss)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     group = ProcessGroup.current()
     _check_settings(config, seq_len, steps, batch_size, group)
     tokenizer = tokenizer or byte_tokenizer
@@ -207,48 +167,55 @@ def train_scorer(
     settings = {
         "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
         "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "loss": loss.value, "tau": tau,
-        "seed": seed, "train_sequences": len(train),
+        "seed": seed, "train_sequences": len(train), "mode": mode,
+        "trainable": None if trainable is None else list(trainable),
+        "kl_top": kl_top, "kl_weight": kl_weight,
     }  # fmt: skip
     checkpoint = _load_checkpoint(output / CHECKPOINT, settings) if resume else None
+    if mode == "distill":
+        objective = DistillObjective(model, config, loss, tau, trainable=trainable,
+                                     kl_top=kl_top, kl_weight=kl_weight)  # fmt: skip
+    else:
+        objective = ScorerObjective(model, config, loss, tau)
 
     frozen = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
-    model.eval().requires_grad_(False)
     report = TrainingReport()
     try:
-        with teacher_attention(model, config, loss, tau) as teachers:
-            scorers = [t.scorer_loss.scorer for t in teachers]
-            parameters = [p for s in scorers for p in s.parameters()]
+        with objective:
+            scorers = objective.scorers
+            parameters = objective.parameters()
             optimizer = torch.optim.AdamW(parameters, lr=lr)
             start = 0
             if checkpoint is not None:
                 for scorer, state in zip(scorers, checkpoint["scorers"], strict=True):
                     scorer.load_state_dict(state)
+                objective.load_extra_state(checkpoint["extra"])
                 optimizer.load_state_dict(checkpoint["optimizer"])
                 start = checkpoint["step"]
                 report.history = list(checkpoint["history"])
             batches = _Batches(len(train), batch_size, seed)
             show = progress and group.is_main
-            bar = tqdm(range(start, steps), disable=not show, desc="train_scorer")
+            bar = tqdm(range(start, steps), disable=not show, desc=f"train_scorer ({mode})")
             for step in bar:
-                rows = group.shard(batches.rows(step))
-                step_loss, accuracy = _teacher_step(model, teachers, train[rows])
+                step_loss, metrics = objective(train[group.shard(batches.rows(step))])
                 optimizer.zero_grad(set_to_none=True)
                 step_loss.backward()
                 group.average_gradients(parameters)
                 optimizer.step()
-                step_loss, accuracy = group.mean(step_loss.detach()), group.mean(accuracy.detach())
-                record = {"step": step + 1, "loss": step_loss.item(), "accuracy": accuracy.item()}
+                record = {"step": step + 1}
+                record.update({k: group.mean(v).item() for k, v in metrics.items()})
                 report.history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
                 done = step + 1
                 if done % eval_every == 0 or done == steps:
-                    evaluation = _evaluate(model, teachers, held_out, batch_size)
+                    evaluation = _evaluate(objective, held_out, batch_size)
                     report.evaluations.append({"step": done, **evaluation})
                 if (done % checkpoint_every == 0 or done == steps) and group.is_main:
                     state = {
                         "format": CHECKPOINT_FORMAT, "settings": settings, "step": done,
                         "scorers": [s.state_dict() for s in scorers],
+                        "extra": objective.extra_state(),
                         "optimizer": optimizer.state_dict(), "history": report.history,
                     }  # fmt: skip
                     atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))

@@ -1,0 +1,39 @@
+"""``StudentAttention``: differentiable attention under the running top-k, for distillation.
+
+The student sees exactly the keys a KVpop cache would hold: eviction steps come from the
+scorer's priorities (no gradient: the decision is discrete) and attention runs under that mask
+with autograd, in query blocks (O(block * N) memory). Gradients reach the LLM's weights; the
+scorer learns from its own loss on the teacher's target.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import KVpopConfig
+from .attention import masked_attention
+from .eviction import eviction_steps
+from .scorers import Scorer
+
+
+class StudentAttention(nn.Module):
+    """``forward(q, k, v, raw_k) -> (B, Hq, N, D)``, shapes as in :class:`BoundedAttention`."""
+
+    def __init__(self, scorer: Scorer, config: KVpopConfig, scale: float):
+        super().__init__()
+        self.scorer = scorer
+        self.config = config
+        self.scale = scale
+
+    def forward(self, q, k, v, raw_k):
+        config = self.config
+        with torch.no_grad():
+            rhat, _ = self.scorer.score_sequence(raw_k, v, config.window)
+            positions = torch.arange(rhat.shape[-1], device=rhat.device, dtype=torch.float32)
+            steps = eviction_steps(
+                rhat + config.lam * positions,
+                sinks=config.sinks, window=config.window, topk=config.topk,
+            )  # fmt: skip
+        out, _ = masked_attention(q, k, v, steps, scale=self.scale, block=config.prefill_block)
+        return out

@@ -1,0 +1,199 @@
+"""What scorer training optimises, and the per-layer graphs it runs.
+
+``ScorerObjective`` (mode ``scorer``): the frozen LLM is its own teacher; each attention runs
+the training graph (full attention, future-attention target, scorer loss). ``DistillObjective``
+(mode ``distill``): a frozen copy of the LLM is the teacher; the LLM itself is fine-tuned as a
+student whose attention sees only what the running top-k keeps, with KL to the teacher's top
+logits, plus the scorer loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx import GraphModule
+
+from ..capture import capture_attention
+from ..config import KVpopConfig
+from ..passes.insert_future_attention_target import insert_future_attention_target
+from ..passes.remove_dead_code import remove_dead_code
+from ..passes.replace_attention_for_distillation import replace_attention_for_distillation
+from ..runtime.scorer_loss import LossKind
+
+
+class GraphAttention(nn.Module):
+    """A layer's attention running a training graph ``(hidden, cos, sin) -> (out, *extra)``;
+    keeps each call's ``extra`` outputs (the teacher's loss and accuracy) in ``records``."""
+
+    def __init__(self, attention: nn.Module, graph: GraphModule):
+        super().__init__()
+        for name, child in attention.named_children():
+            self.add_module(name, child)
+        for name, child in graph.named_children():
+            if name.startswith("kvpop_"):
+                self.add_module(name, child)  # the scorer, so it trains and moves with us
+        self.__dict__["graph"] = graph  # its parameters are registered above
+        self.records: list[tuple[torch.Tensor, ...]] = []
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
+        batch = hidden_states.shape[0]
+        cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
+        out, *extra = self.graph(hidden_states, cos, sin)
+        if extra:
+            self.records.append(tuple(extra))
+        return out, None
+
+
+@contextlib.contextmanager
+def swapped_attention(model: nn.Module, build: Callable[[int, nn.Module], GraphModule]):
+    """Swap ``build(layer_index, attention)``'s graph into every layer; restore afterwards."""
+    layers = model.model.layers
+    originals = [layer.self_attn for layer in layers]
+    try:
+        swapped = []
+        for index, (layer, attention) in enumerate(zip(layers, originals, strict=True)):
+            layer.self_attn = GraphAttention(attention, build(index, attention))
+            swapped.append(layer.self_attn)
+        yield swapped
+    finally:
+        for layer, attention in zip(layers, originals, strict=True):
+            layer.self_attn = attention
+
+
+def _captured(model: nn.Module, attention: nn.Module) -> GraphModule:
+    return capture_attention(
+        attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
+    )
+
+
+def teacher_attention(model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
+    """Full attention plus, per layer, the future-attention target and the scorer's loss."""
+    training_pass = functools.partial(insert_future_attention_target, loss=loss, tau=tau)
+
+    def build(index, attention):
+        return remove_dead_code(training_pass(_captured(model, attention), config), config)
+
+    return swapped_attention(model, build)
+
+
+def student_attention(model: nn.Module, config: KVpopConfig, scorers: list):
+    """Attention under the running-top-k mask of each layer's (shared) scorer."""
+
+    def build(index, attention):
+        graph = replace_attention_for_distillation(
+            _captured(model, attention), config, scorer=scorers[index]
+        )
+        return remove_dead_code(graph, config)
+
+    return swapped_attention(model, build)
+
+
+def _scorer_loss(teachers) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean loss and ranking accuracy over the layers' records of one forward."""
+    losses = torch.stack([loss for teacher in teachers for loss, _ in teacher.records])
+    accuracies = torch.stack([acc for teacher in teachers for _, acc in teacher.records])
+    return losses.mean(), accuracies.nanmean().detach()
+
+
+def top_logit_kl(teacher: torch.Tensor, student: torch.Tensor, top: int) -> torch.Tensor:
+    """KL(teacher || student) over the teacher's ``top`` most likely tokens, renormalised:
+    ``teacher, student (B, N, vocab)`` logits. Mean over positions."""
+    values, index = teacher.float().topk(min(top, teacher.shape[-1]), dim=-1)
+    target = torch.log_softmax(values, dim=-1)
+    student_log = torch.log_softmax(student.float(), dim=-1).gather(-1, index)
+    student_log = student_log - torch.logsumexp(student_log, dim=-1, keepdim=True)
+    return F.kl_div(student_log, target, log_target=True, reduction="none").sum(-1).mean()
+
+
+class ScorerObjective:
+    """Scorer-only training: the LLM is frozen and is its own teacher."""
+
+    def __init__(self, model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
+        self.model, self.config, self.loss, self.tau = model, config, loss, tau
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self):
+        self.model.eval().requires_grad_(False)
+        self.teachers = self._stack.enter_context(
+            teacher_attention(self.model, self.config, self.loss, self.tau)
+        )
+        self.scorers = [t.kvpop_scorer_loss.scorer for t in self.teachers]
+        return self
+
+    def __exit__(self, *error):
+        return self._stack.__exit__(*error)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for s in self.scorers for p in s.parameters()]
+
+    def extra_state(self) -> dict:
+        """Trained tensors besides the scorers' (none: the LLM is frozen)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        for teacher in self.teachers:
+            teacher.records.clear()
+        self.model.model(input_ids=input_ids, use_cache=False)
+        loss, accuracy = _scorer_loss(self.teachers)
+        return loss, {"loss": loss.detach(), "accuracy": accuracy}
+
+
+class DistillObjective(ScorerObjective):
+    """Fine-tune the LLM under the running-top-k mask with KL to a frozen full-attention
+    teacher's top logits, and train the scorers on the teacher's target."""
+
+    def __init__(self, model, config, loss, tau, *, trainable: Sequence[str] | None,
+                 kl_top: int, kl_weight: float):  # fmt: skip
+        super().__init__(model, config, loss, tau)
+        self.trainable, self.kl_top, self.kl_weight = trainable, kl_top, kl_weight
+
+    def __enter__(self):
+        teacher_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.teachers = self._stack.enter_context(
+            teacher_attention(teacher_model, self.config, self.loss, self.tau)
+        )
+        self.teacher_model = teacher_model
+        self.scorers = [t.kvpop_scorer_loss.scorer for t in self.teachers]
+        self._stack.enter_context(student_attention(self.model, self.config, self.scorers))
+        self.model.eval()  # no dropout; gradients still flow
+        self.tuned = {
+            name: p for name, p in self.model.named_parameters()
+            if self.trainable is None or any(part in name for part in self.trainable)
+        }  # fmt: skip
+        if not self.tuned:
+            raise ValueError(f"no model parameter name contains any of {list(self.trainable)}")
+        self.model.requires_grad_(False)
+        for parameter in self.tuned.values():
+            parameter.requires_grad_(True)
+        return self
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [*super().parameters(), *self.tuned.values()]
+
+    def extra_state(self) -> dict:
+        return {name: p.detach().clone() for name, p in self.tuned.items()}
+
+    def load_extra_state(self, state: dict) -> None:
+        with torch.no_grad():
+            for name, tensor in state.items():
+                self.tuned[name].copy_(tensor)
+
+    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        for teacher in self.teachers:
+            teacher.records.clear()
+        teacher_logits = self.teacher_model(input_ids=input_ids, use_cache=False).logits
+        scorer_loss, accuracy = _scorer_loss(self.teachers)
+        student_logits = self.model(input_ids=input_ids, use_cache=False).logits
+        kl = top_logit_kl(teacher_logits.detach(), student_logits, self.kl_top)
+        loss = scorer_loss + self.kl_weight * kl
+        metrics = {"loss": loss.detach(), "accuracy": accuracy, "kl": kl.detach()}
+        return loss, metrics
