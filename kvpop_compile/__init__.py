@@ -13,6 +13,7 @@ from .engines import EngineRunner, export, load  # noqa: E402
 from .generation import compile, decode_one_token, generate, new_cache, prefill  # noqa: E402
 from .kv_cache import KVpopCache  # noqa: E402
 from .scorer_io import load_scorer, save_scorer  # noqa: E402
+from .training import train_scorer  # noqa: E402
 from .transform import transform  # noqa: E402
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     "new_cache",
     "prefill",
     "save_scorer",
+    "train_scorer",
     "transform",
 ]

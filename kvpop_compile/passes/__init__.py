@@ -1,6 +1,9 @@
 """FX graph passes, one per file, each ``(gm: GraphModule, config) -> GraphModule``.
 
-:data:`PASSES` is the order they run in; :func:`run_passes` applies it.
+:data:`PASSES` is the order the inference rewrite runs in; :func:`run_passes` applies it.
+Training uses ``insert_future_attention_target`` (scorer training) and
+``replace_attention_for_distillation`` (the distillation student), each followed by
+``remove_dead_code``, composed in :mod:`kvpop_compile.training.objectives`.
 """
 
 from __future__ import annotations
