@@ -36,7 +36,6 @@ class EngineRunner:
         """Empty the cache: the next call starts a new sequence."""
         for tensor, spec in zip(self.state, self.manifest["state"], strict=True):
             tensor.fill_(empty_fill(spec["name"]))
-        self.position = 0
 
     def _run(self, name: str, tokens: torch.Tensor) -> torch.Tensor:
         outputs = self.steps[name]([tokens.to(self.device), *self.state])
@@ -59,7 +58,6 @@ class EngineRunner:
         token = self._check(token)
         if token.shape[1] != 1:
             raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
-        self.position += 1
         return self._run("decode", token)
 
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -72,7 +70,6 @@ class EngineRunner:
             raise ValueError("prefill needs at least one token")
         self.reset()
         if input_ids.shape[1] == self.prefill_length:
-            self.position = input_ids.shape[1]
             return self._run("prefill", input_ids)
         for i in range(input_ids.shape[1]):
             logits = self.decode(input_ids[:, i : i + 1])
