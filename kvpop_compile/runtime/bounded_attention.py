@@ -159,7 +159,7 @@ def decode_step(
     evict_(state, leaving, rhat + config.lam * leaving.position.float(), config)
     write_token_(state, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(
-        q, state.keys, state.values, state.positions, scale
+        q, state.keys, state.values, state.positions, scale, attention_fed
     )
     if attention_fed:
         _refresh_attention_priorities(state, scorer, probs, config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .dispatch import use_triton
 from .eviction import BoundaryDecisions, beats, running_topk_boundary
 
 
@@ -26,10 +27,13 @@ def boundary_decisions(
 ) -> BoundaryDecisions:
     """The target policy's keep-or-drop decision at every query (running top-k on
     ``r_t + lam * t``). Tokens without a target never take part: they are still in the window
-    at the last query."""
-    return running_topk_boundary(
-        target_priority(log_target, lam), sinks=sinks, window=window, topk=topk
-    )
+    at the last query. Runs the Triton kernel on CUDA."""
+    priority = target_priority(log_target, lam)
+    if use_triton(priority):
+        from .kernels import running_topk_boundary as running_topk_boundary_kernel
+
+        return running_topk_boundary_kernel(priority, sinks, window, topk)
+    return running_topk_boundary(priority, sinks=sinks, window=window, topk=topk)
 
 
 def _pair(pred_priority: torch.Tensor, decisions: BoundaryDecisions):

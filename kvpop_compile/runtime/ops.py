@@ -1,9 +1,10 @@
 """The ``kvpop`` custom ops that a transformed graph carries.
 
-Each op is a ``torch.library.triton_op``: its body is traceable PyTorch, so Inductor and
-AOTInductor inline and lower it (an exported package then needs no Python definition of the
-op), and a fake implementation is derived from it. The body runs the plain-PyTorch reference
-on every device; a Triton kernel takes the CUDA path inside the same body.
+Each op is a ``torch.library.triton_op`` whose body branches on the device: CUDA tensors run
+the op's Triton kernel (launched through ``wrap_triton``, so Inductor sees the kernel and
+``torch.compile`` keeps one graph), CPU tensors run the plain-PyTorch reference, which Inductor
+and AOTInductor inline and lower (an exported CPU package then needs no Python definition of
+the op). A fake implementation is derived from the body.
 
 Importing this module registers the ops; ``torch.ops.kvpop.<name>`` calls them.
 """
@@ -14,11 +15,21 @@ import torch
 from torch.library import triton_op
 
 from . import attention, cache_update, eviction, target
+from .dispatch import use_triton
+
+
+def _kernels():
+    """The Triton launchers; imported on first use so that the CPU path never imports triton."""
+    from . import kernels
+
+    return kernels
 
 
 @triton_op("kvpop::eviction_steps", mutates_args=())
 def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
     """Parallel eviction steps ``(..., N)`` int64 of static ``priority (..., N)``."""
+    if use_triton(priority):
+        return _kernels().eviction_steps(priority, sinks, window, topk)
     return eviction._eviction_steps(priority, sinks, window, topk)
 
 
@@ -31,16 +42,29 @@ def masked_attention(
     scale: float,
     block: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill attention under eviction steps: ``out (B, Hq, N, D)``, ``lse (B, Hq, N)``."""
+    """Prefill attention under eviction steps: ``out (B, Hq, N, D)``, ``lse (B, Hq, N)``.
+    ``block`` sizes the reference's query blocks; the kernel tiles on its own."""
+    if use_triton(q):
+        return _kernels().masked_attention(q, k, v, evict_step, scale)
     return attention.masked_attention(q, k, v, evict_step, scale=scale, block=block)
 
 
 @triton_op("kvpop::decode_attention", mutates_args=())
 def decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    with_probs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query per sequence against the bounded cache: ``out (B, Hq, 1, D)``, ``probs``."""
-    return attention.bounded_decode_attention(q, keys, values, positions, scale=scale)
+    """One query per sequence against the bounded cache: ``out (B, Hq, 1, D)`` and ``probs
+    (B, Hkv, G, C)``, the attention to every slot, or ``(B, Hkv, G, 0)`` unless ``with_probs``
+    (only the attention-fed scorers read it)."""
+    if use_triton(q):
+        return _kernels().bounded_decode_attention(q, keys, values, positions, scale, with_probs)
+    out, probs = attention.bounded_decode_attention(q, keys, values, positions, scale=scale)
+    return out, probs if with_probs else probs[..., :0].clone()
 
 
 @triton_op("kvpop::evict", mutates_args=("keys", "values", "positions", "priorities", "statistic"))
@@ -59,7 +83,10 @@ def evict(
     topk: int,
 ) -> None:
     """Fused evict: argmin over the pool, compare, conditional overwrite (in place)."""
-    cache_update.evict_into_pool_(
+    evict_into_pool = (
+        _kernels().evict_into_pool if use_triton(keys) else cache_update.evict_into_pool_
+    )
+    evict_into_pool(
         keys, values, positions, priorities, statistic, leaving_key, leaving_value,
         leaving_position, leaving_statistic, priority, sinks, topk,
     )  # fmt: skip
@@ -83,7 +110,8 @@ def write_token(
     window: int,
 ) -> None:
     """Write the token at position ``seen`` into its sink or window-ring slot (in place)."""
-    cache_update.write_new_token_(
+    write = _kernels().write_new_token if use_triton(keys) else cache_update.write_new_token_
+    write(
         keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
         sinks, topk, window,
     )  # fmt: skip
@@ -94,4 +122,6 @@ def future_attention_target(
     q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, window: int, scale: float, block: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Transposed-attention log target ``(B, Hkv, N)`` and its validity ``(N,)``."""
+    if use_triton(q):
+        return _kernels().future_attention_target(q, k, lse, window, scale)
     return target.future_attention_target(q, k, lse, window=window, scale=scale, block=block)

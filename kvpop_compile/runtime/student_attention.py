@@ -13,7 +13,7 @@ from torch import nn
 
 from ..config import KVpopConfig
 from .attention import masked_attention
-from .eviction import eviction_steps
+from . import ops  # noqa: F401  (registers the kvpop ops)
 from .scorers import Scorer
 
 
@@ -31,9 +31,10 @@ class StudentAttention(nn.Module):
         with torch.no_grad():
             rhat, _ = self.scorer.score_sequence(raw_k, v, config.window)
             positions = torch.arange(rhat.shape[-1], device=rhat.device, dtype=torch.float32)
-            steps = eviction_steps(
-                rhat + config.lam * positions,
-                sinks=config.sinks, window=config.window, topk=config.topk,
-            )  # fmt: skip
+            # The op: a Triton kernel on CUDA. Attention below stays the differentiable
+            # reference, since the student's weights train through it.
+            steps = torch.ops.kvpop.eviction_steps(
+                rhat + config.lam * positions, config.sinks, config.window, config.topk
+            )
         out, _ = masked_attention(q, k, v, steps, scale=self.scale, block=config.prefill_block)
         return out

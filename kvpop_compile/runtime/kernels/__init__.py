@@ -1,0 +1,23 @@
+"""Triton kernels behind the ``kvpop`` ops: the CUDA implementation of each op whose CPU
+implementation is the PyTorch reference (DESIGN §6, invariant 6). One kernel family per file;
+each launcher takes the reference's arguments and returns the same results.
+
+Importing this package imports triton; :mod:`kvpop_compile.runtime.ops` does so only on the
+Triton path (see :mod:`kvpop_compile.runtime.dispatch`).
+"""
+
+from .decode_attention import bounded_decode_attention
+from .evict import evict_into_pool, write_new_token
+from .eviction_steps import eviction_steps, running_topk_boundary
+from .masked_attention import masked_attention
+from .target import future_attention_target
+
+__all__ = [
+    "bounded_decode_attention",
+    "evict_into_pool",
+    "eviction_steps",
+    "future_attention_target",
+    "masked_attention",
+    "running_topk_boundary",
+    "write_new_token",
+]

@@ -1,0 +1,184 @@
+"""Bounded decode attention (DESIGN §5): one query token per sequence against the cache slots
+``[sinks | pool | window]``, empty slots (position -1) masked.
+
+GQA lives inside the kernel: a program owns one KV head and the whole group of query heads that
+share it, so each K/V tile is loaded once per group (the group is padded to 16 rows for
+``tl.dot``). Split-K: the slots are cut into ``splits`` chunks, each program producing a
+partial (max, sum, weighted values) for its chunk, and a second kernel combines the chunks —
+with batch 1 and 8 KV heads there would otherwise be 8 programs on a GPU of 100+ SMs.
+When asked, it also returns each query head's attention to every slot (the attention-fed
+scorers' input): the first kernel writes raw scores and the combine step normalises them.
+Reference: :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from ..attention import query_group
+from .common import dot_precision, next_power_of_2
+
+BLOCK_SLOTS = 64
+
+
+@triton.jit
+def _partial_kernel(
+    q, keys, values, positions, scores_out, part_max, part_sum, part_acc,
+    scale, capacity, dim, group, chunk, splits,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    WRITE_SCORES: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
+    split = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_G)
+    features = tl.arange(0, BLOCK_D)
+    in_group = rows < group
+    in_dim = features < dim
+    query = tl.load(
+        q + (head * group + rows[:, None]) * dim + features[None, :],
+        mask=in_group[:, None] & in_dim[None, :], other=0.0,
+    )  # fmt: skip
+    running_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    begin = split * chunk
+    end = tl.minimum(begin + chunk, capacity)
+    for start in range(begin, end, BLOCK_C):
+        slots = start + tl.arange(0, BLOCK_C)
+        in_chunk = slots < end
+        tile = (head * capacity + slots[:, None]) * dim + features[None, :]
+        tile_mask = in_chunk[:, None] & in_dim[None, :]
+        key = tl.load(keys + tile, mask=tile_mask, other=0.0).to(query.dtype)
+        value = tl.load(values + tile, mask=tile_mask, other=0.0).to(query.dtype)
+        position = tl.load(positions + head * capacity + slots, mask=in_chunk, other=-1)
+        score = tl.dot(query, tl.trans(key), input_precision=PRECISION) * scale
+        score = tl.where((position >= 0)[None, :], score, float("-inf"))
+        if WRITE_SCORES:
+            tl.store(
+                scores_out + (head * group + rows[:, None]) * capacity + slots[None, :], score,
+                mask=in_group[:, None] & in_chunk[None, :],
+            )  # fmt: skip
+        tile_max = tl.maximum(running_max, tl.max(score, axis=1))
+        # A row with no visible slot so far keeps max -inf; shift by 0 to avoid inf - inf.
+        shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+        p = tl.exp(score - shift[:, None])
+        rescale = tl.exp(running_max - shift)
+        running_sum = running_sum * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + tl.dot(
+            p.to(value.dtype), value, input_precision=PRECISION
+        )
+        running_max = tile_max
+    part = head * splits + split
+    tl.store(part_max + part * BLOCK_G + rows, running_max)
+    tl.store(part_sum + part * BLOCK_G + rows, running_sum)
+    tl.store(part_acc + (part * BLOCK_G + rows[:, None]) * BLOCK_D + features[None, :], acc)
+
+
+@triton.jit
+def _combine_kernel(
+    out, probs, part_max, part_sum, part_acc, capacity, dim, group, splits,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    WRITE_PROBS: tl.constexpr,
+):  # fmt: skip
+    head = tl.program_id(0).to(tl.int64)
+    rows = tl.arange(0, BLOCK_G)
+    features = tl.arange(0, BLOCK_D)
+    in_group = rows < group
+    total_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    for split in range(splits):
+        part = head * splits + split
+        total_max = tl.maximum(total_max, tl.load(part_max + part * BLOCK_G + rows))
+    shift = tl.where(total_max == float("-inf"), 0.0, total_max)
+    total_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for split in range(splits):
+        part = head * splits + split
+        weight = tl.exp(tl.load(part_max + part * BLOCK_G + rows) - shift)
+        total_sum += weight * tl.load(part_sum + part * BLOCK_G + rows)
+        partial = tl.load(part_acc + (part * BLOCK_G + rows[:, None]) * BLOCK_D + features[None, :])
+        acc += weight[:, None] * partial
+    result = acc / total_sum[:, None]
+    tl.store(
+        out + (head * group + rows[:, None]) * dim + features[None, :],
+        result.to(out.dtype.element_ty),
+        mask=in_group[:, None] & (features < dim)[None, :],
+    )  # fmt: skip
+    if WRITE_PROBS:
+        log_total = shift + tl.log(total_sum)
+        for start in range(0, capacity, BLOCK_C):
+            slots = start + tl.arange(0, BLOCK_C)
+            where = (head * group + rows[:, None]) * capacity + slots[None, :]
+            mask = in_group[:, None] & (slots < capacity)[None, :]
+            score = tl.load(probs + where, mask=mask, other=float("-inf"))
+            tl.store(probs + where, tl.exp(score - log_total[:, None]), mask=mask)
+
+
+def _default_splits(heads: int, capacity: int, device: torch.device) -> int:
+    """Enough chunks for about two programs per SM on a GPU; one on the CPU interpreter."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(2 * sms, heads), triton.cdiv(capacity, 4 * BLOCK_SLOTS)))
+
+
+def bounded_decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    with_probs: bool = True,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
+
+    Args:
+        q: ``(B, Hq, 1, D)``; keys, values: ``(B, Hkv, C, D)``; positions: ``(B, Hkv, C)``.
+        with_probs: also return the attention probabilities (else an empty ``(B, Hkv, G, 0)``).
+        splits: number of slot chunks (split-K); default from the GPU's SM count.
+
+    Returns:
+        ``out (B, Hq, 1, D)`` in ``q.dtype``, ``probs (B, Hkv, G, C)`` float32.
+    """
+    batch, q_heads, _, dim = q.shape
+    kv_heads, capacity = keys.shape[1], keys.shape[2]
+    group = query_group(q_heads, kv_heads)
+    heads = batch * kv_heads
+    if splits is None:
+        splits = _default_splits(heads, capacity, q.device)
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    chunk = triton.cdiv(capacity, splits)
+    chunk = triton.cdiv(chunk, BLOCK_SLOTS) * BLOCK_SLOTS  # whole tiles per chunk
+    splits = max(1, triton.cdiv(capacity, chunk))
+    block_g, block_d = next_power_of_2(group, 16), next_power_of_2(dim, 16)
+    device = q.device
+    keys, values = keys.contiguous(), values.contiguous()
+    # The cache is read in its own dtype and converted per tile, never copied.
+    compute = torch.promote_types(torch.promote_types(q.dtype, keys.dtype), values.dtype)
+    q_rows = q.to(compute).contiguous()
+    positions = positions.contiguous()
+    part_max = torch.empty(heads, splits, block_g, device=device)
+    part_sum = torch.empty(heads, splits, block_g, device=device)
+    part_acc = torch.empty(heads, splits, block_g, block_d, device=device)
+    probs_len = capacity if with_probs else 0
+    probs = torch.empty(batch, kv_heads, group, probs_len, device=device)
+    out = torch.empty(batch, q_heads, 1, dim, dtype=q.dtype, device=device)
+    precision = dot_precision(compute)
+    wrap_triton(_partial_kernel)[(heads, splits)](
+        q_rows, keys, values, positions, probs, part_max, part_sum, part_acc,
+        scale, capacity, dim, group, chunk, splits,
+        BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d,
+        WRITE_SCORES=with_probs, PRECISION=precision,
+    )  # fmt: skip
+    wrap_triton(_combine_kernel)[(heads,)](
+        out, probs, part_max, part_sum, part_acc, capacity, dim, group, splits,
+        BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d, WRITE_PROBS=with_probs,
+    )  # fmt: skip
+    return out, probs
+
+

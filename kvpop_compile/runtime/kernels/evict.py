@@ -1,0 +1,161 @@
+"""The decode step's cache update (DESIGN §5), two launches per layer, each covering every
+(batch, KV head) at once. The fused evict moves the token leaving the window into the pool if it
+beats the pool's weakest entry; then the new token is written into its sink or window-ring slot.
+
+One program per (batch, head): load the pool's priorities and positions, find the weakest slot
+(lowest priority; among equals the newest position; an empty slot before any token), compare the
+leaving token with it, and overwrite key, value, position, priority (and the attention statistic)
+in place when the token wins. No host synchronisation, no data-dependent launch.
+References: :func:`kvpop_compile.runtime.cache_update.evict_into_pool_` and
+:func:`~kvpop_compile.runtime.cache_update.write_new_token_`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from .common import INT64_MAX, next_power_of_2, require_contiguous
+
+
+@triton.jit
+def _evict_kernel(
+    keys, values, positions, priorities, statistic,
+    leaving_key, leaving_value, leaving_position, leaving_statistic, priority,
+    sinks, topk, capacity, dim,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    slots = tl.arange(0, BLOCK_K)
+    in_pool = slots < topk
+    pool_priority = tl.load(priorities + row * topk + slots, mask=in_pool, other=float("inf"))
+    pool_position = tl.load(positions + row * capacity + sinks + slots, mask=in_pool, other=0)
+
+    # Weakest entry: lowest priority, then the newest position (an empty slot, -1, counts as
+    # newer than any token), then the first slot — exactly the reference's order.
+    lowest = tl.min(pool_priority, axis=0)
+    effective = tl.where(pool_position < 0, INT64_MAX, pool_position)
+    candidate = in_pool & (pool_priority == lowest)
+    newest = tl.max(tl.where(candidate, effective, -1), axis=0)
+    weakest = tl.min(tl.where(candidate & (effective == newest), slots, BLOCK_K), axis=0)
+    chosen = slots == weakest
+    old_priority = tl.max(tl.where(chosen, pool_priority, float("-inf")), axis=0)
+    old_position = tl.sum(tl.where(chosen, pool_position, 0), axis=0)
+
+    new_priority = tl.load(priority + row)
+    new_position = tl.load(leaving_position + row)
+    beats = (new_priority > old_priority) | (
+        (new_priority == old_priority) & (new_position < old_position)
+    )
+    wins = (new_position >= 0) & ((old_position < 0) | beats)
+
+    slot = sinks + weakest
+    features = tl.arange(0, BLOCK_D)
+    in_row = features < dim
+    # Broadcast through int32: Triton's interpreter cannot AND a scalar bool into a vector.
+    write = in_row & ((features * 0 + wins.to(tl.int32)) > 0)
+    source = row * dim + features
+    target = (row * capacity + slot) * dim + features
+    tl.store(keys + target, tl.load(leaving_key + source, mask=in_row), mask=write)
+    tl.store(values + target, tl.load(leaving_value + source, mask=in_row), mask=write)
+    tl.store(positions + row * capacity + slot, new_position, mask=wins)
+    tl.store(priorities + row * topk + weakest, new_priority, mask=wins)
+    if HAS_STATISTIC:
+        tl.store(statistic + row * capacity + slot, tl.load(leaving_statistic + row), mask=wins)
+
+
+def evict_into_pool(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    priorities: torch.Tensor,
+    statistic: torch.Tensor,
+    leaving_key: torch.Tensor,
+    leaving_value: torch.Tensor,
+    leaving_position: torch.Tensor,
+    leaving_statistic: torch.Tensor,
+    priority: torch.Tensor,
+    sinks: int,
+    topk: int,
+) -> None:
+    """Triton version of :func:`~kvpop_compile.runtime.cache_update.evict_into_pool_`, same
+    arguments and shapes: cache ``keys, values (B, H, C, D)``, ``positions (B, H, C)`` int64,
+    ``priorities (B, H, K)``, ``statistic (B, H, C)`` or ``(B, H, 0)`` (all contiguous, updated
+    in place); the leaving token's ``key, value (B, H, D)``, ``position, statistic, priority
+    (B, H)``."""
+    if topk == 0:
+        return
+    require_contiguous(
+        keys=keys, values=values, positions=positions, priorities=priorities, statistic=statistic
+    )
+    batch, heads, capacity, dim = keys.shape
+    has_statistic = statistic.shape[-1] > 0
+    wrap_triton(_evict_kernel)[(batch * heads,)](
+        keys, values, positions, priorities, statistic,
+        leaving_key.to(keys.dtype).contiguous(),
+        leaving_value.to(values.dtype).contiguous(),
+        leaving_position.to(torch.int64).contiguous(),
+        leaving_statistic.to(statistic.dtype).contiguous(),
+        priority.to(priorities.dtype).contiguous(),
+        sinks, topk, capacity, dim,
+        BLOCK_K=next_power_of_2(topk), BLOCK_D=next_power_of_2(dim), HAS_STATISTIC=has_statistic,
+    )  # fmt: skip
+
+
+@triton.jit
+def _write_token_kernel(
+    keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
+    sinks, topk, window, capacity, dim,
+    BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    position = tl.load(seen)
+    ring = (position - sinks) % window
+    ring = tl.where(ring < 0, ring + window, ring)  # the sign of % follows C for negatives
+    slot = tl.where(position < sinks, position, sinks + topk + ring)
+    features = tl.arange(0, BLOCK_D)
+    in_row = features < dim
+    source = row * dim + features
+    target = (row * capacity + slot) * dim + features
+    tl.store(keys + target, tl.load(key + source, mask=in_row), mask=in_row)
+    tl.store(values + target, tl.load(value + source, mask=in_row), mask=in_row)
+    tl.store(
+        window_keys + (row * window + ring) * dim + features,
+        tl.load(raw_key + source, mask=in_row), mask=in_row,
+    )  # fmt: skip
+    tl.store(positions + row * capacity + slot, position)
+    if HAS_STATISTIC:
+        tl.store(statistic + row * capacity + slot, 0.0)
+
+
+def write_new_token(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    window_keys: torch.Tensor,
+    statistic: torch.Tensor,
+    seen: torch.Tensor,
+    key: torch.Tensor,
+    raw_key: torch.Tensor,
+    value: torch.Tensor,
+    sinks: int,
+    topk: int,
+    window: int,
+) -> None:
+    """Triton version of :func:`~kvpop_compile.runtime.cache_update.write_new_token_`, same
+    arguments: the token at position ``seen`` (``() int64``) with ``key, raw_key, value
+    (B, H, 1, D)`` goes into its sink or window-ring slot; ``window_keys (B, H, W, D)``."""
+    require_contiguous(
+        keys=keys, values=values, positions=positions, window_keys=window_keys,
+        statistic=statistic,
+    )  # fmt: skip
+    batch, heads, capacity, dim = keys.shape
+    wrap_triton(_write_token_kernel)[(batch * heads,)](
+        keys, values, positions, window_keys, statistic, seen.to(torch.int64).reshape(1),
+        key.to(keys.dtype).contiguous(), raw_key.to(window_keys.dtype).contiguous(),
+        value.to(values.dtype).contiguous(),
+        sinks, topk, window, capacity, dim,
+        BLOCK_D=next_power_of_2(dim), HAS_STATISTIC=statistic.shape[-1] > 0,
+    )  # fmt: skip

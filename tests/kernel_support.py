@@ -1,0 +1,72 @@
+"""Where the Triton kernel tests run, and the float64 truths their tolerances come from.
+
+Kernels run on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``, the test
+default) and on CUDA when a GPU is present and the interpreter is off (``scripts/gpu_check.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from kvpop_compile.runtime.dispatch import interpreting, triton_kernels_on_cpu
+
+
+def kernel_devices() -> list:
+    devices = []
+    if interpreting():
+        devices.append("cpu")
+    elif torch.cuda.is_available():
+        devices.append("cuda")
+    if not devices:
+        return [pytest.param("none", marks=pytest.mark.skip(
+            reason="Triton kernels need a CUDA GPU, or TRITON_INTERPRET=1 for CPU tensors"))]
+    return devices  # fmt: skip
+
+
+def kernel_dtypes(device: str) -> list[torch.dtype]:
+    """float32 everywhere; half precisions on the GPU (the interpreter computes in numpy)."""
+    return [torch.float32] + ([torch.bfloat16, torch.float16] if device == "cuda" else [])
+
+
+def kernels_enabled(device: str):
+    """A context in which the ``kvpop`` ops on ``device`` run their Triton kernels."""
+    return triton_kernels_on_cpu() if device == "cpu" else contextlib.nullcontext()
+
+
+def assert_as_accurate_as_reference(kernel, reference, truth, *, dtype, name="output"):
+    """The kernel's error against a float64 truth is within a small multiple of the float32
+    reference's own error, plus one rounding of the output's dtype: the tolerance comes from
+    the reference's rounding at that precision, not from a constant.
+
+    ``dtype`` is the precision the output is rounded to. Compared in float64; infinite entries
+    must match exactly.
+    """
+    kernel, reference, truth = (x.double() for x in (kernel, reference, truth))
+    infinite = torch.isinf(truth)
+    assert torch.equal(torch.isinf(kernel), infinite), f"{name}: infinities differ"
+    assert torch.equal(torch.isinf(reference), infinite), f"{name}: reference infinities differ"
+    finite = ~infinite
+    if not finite.any():
+        return
+    scale = truth[finite].abs().max().clamp(min=1.0)
+    reference_error = (reference - truth)[finite].abs().max()
+    kernel_error = (kernel - truth)[finite].abs().max()
+    unit = torch.finfo(dtype).eps * scale
+    bound = 4 * reference_error + 2 * unit
+    assert kernel_error <= bound, (
+        f"{name}: kernel error {kernel_error:.3e} > {bound:.3e} "
+        f"(reference error {reference_error:.3e})"
+    )
+
+
+def attention_truth(q, k, v, visible, scale):
+    """Dense float64 attention. q ``(B, Hkv, G, M, D)``, k/v ``(B, Hkv, T, D)``, visible
+    broadcastable to ``(B, Hkv, G, M, T)``: ``out (B, Hkv, G, M, D)``, ``lse``, ``probs``."""
+    scores = torch.einsum("bhgmd,bhtd->bhgmt", q.double(), k.double()) * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = (scores - lse.unsqueeze(-1)).exp()
+    return torch.einsum("bhgmt,bhtd->bhgmd", probs, v.double()), lse, probs

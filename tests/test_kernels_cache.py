@@ -1,0 +1,93 @@
+"""Triton cache-update kernels (fused evict, new-token write) ≡ their references, exactly.
+
+Through the ``kvpop`` ops, so the device dispatch is tested too. Hypothesis draws shapes, ties,
+empty slots, ``-inf`` priorities and tokens that are not there (position -1)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_support import kernel_devices, kernels_enabled
+
+from kvpop_compile.runtime import ops  # noqa: F401
+from kvpop_compile.runtime.cache_update import evict_into_pool_, write_new_token_
+
+pytestmark = pytest.mark.parametrize("device", kernel_devices())
+
+
+@st.composite
+def caches(draw):
+    batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    sinks, topk, window = draw(st.integers(0, 3)), draw(st.integers(0, 9)), draw(st.integers(1, 4))
+    dim = draw(st.sampled_from([1, 5, 16, 64]))
+    capacity = sinks + topk + window
+    seed = draw(st.integers(0, 2**16))
+    return dict(batch=batch, heads=heads, sinks=sinks, topk=topk, window=window, dim=dim,
+                capacity=capacity, seed=seed, statistic=draw(st.booleans()))  # fmt: skip
+
+
+def cache_tensors(c, device):
+    g = torch.Generator().manual_seed(c["seed"])
+    b, h, cap, d, k = c["batch"], c["heads"], c["capacity"], c["dim"], c["topk"]
+    keys, values = torch.randn(b, h, cap, d, generator=g), torch.randn(b, h, cap, d, generator=g)
+    # Distinct positions per row, some slots empty; small integer priorities make ties common.
+    positions = torch.stack([torch.randperm(60, generator=g)[:cap] for _ in range(b * h)])
+    positions = positions.reshape(b, h, cap)
+    positions = torch.where(torch.rand(b, h, cap, generator=g) < 0.25, -1, positions)
+    priorities = torch.randint(0, 3, (b, h, k), generator=g).float()
+    priorities = torch.where(torch.rand(b, h, k, generator=g) < 0.2, float("-inf"), priorities)
+    pool_empty = positions[..., c["sinks"] : c["sinks"] + k] < 0
+    priorities = priorities.masked_fill(pool_empty, float("-inf"))
+    statistic = torch.rand(b, h, cap if c["statistic"] else 0, generator=g)
+    return [t.to(device) for t in (keys, values, positions, priorities, statistic)], g
+
+
+@settings(max_examples=25)
+@given(c=caches())
+def test_evict_kernel_matches_reference(device, c):
+    cache, g = cache_tensors(c, device)
+    b, h, d = c["batch"], c["heads"], c["dim"]
+    leaving_position = torch.randint(60, 80, (b, h), generator=g)
+    leaving_position = torch.where(torch.rand(b, h, generator=g) < 0.2, -1, leaving_position)
+    leaving = [torch.randn(b, h, d, generator=g), torch.randn(b, h, d, generator=g),
+               leaving_position, torch.rand(b, h, generator=g),
+               torch.randint(0, 3, (b, h), generator=g).float()]  # fmt: skip
+    leaving = [t.to(device) for t in leaving]
+    expected = [t.clone() for t in cache]
+    evict_into_pool_(*expected, *leaving, c["sinks"], c["topk"])
+    with kernels_enabled(device):
+        torch.ops.kvpop.evict(*cache, *leaving, c["sinks"], c["topk"])
+    for name, got, want in zip(("keys", "values", "positions", "priorities", "statistic"),
+                               cache, expected, strict=True):  # fmt: skip
+        assert torch.equal(got, want), name
+
+
+@settings(max_examples=25)
+@given(c=caches(), seen=st.integers(0, 40))
+def test_write_token_kernel_matches_reference(device, c, seen):
+    cache, g = cache_tensors(c, device)
+    keys, values, positions, _, statistic = cache
+    b, h, d, w = c["batch"], c["heads"], c["dim"], c["window"]
+    window_keys = torch.randn(b, h, w, d, generator=g).to(device)
+    token = [torch.randn(b, h, 1, d, generator=g).to(device) for _ in range(3)]
+    seen_t = torch.tensor(seen, device=device)
+    state = [keys, values, positions, window_keys, statistic]
+    expected = [t.clone() for t in state]
+    write_new_token_(*expected, seen_t, *token, c["sinks"], c["topk"], w)
+    with kernels_enabled(device):
+        torch.ops.kvpop.write_token(*state, seen_t, *token, c["sinks"], c["topk"], w)
+    for got, want in zip(state, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_evict_kernel_refuses_a_strided_cache(device):
+    keys = torch.zeros(1, 1, 8, 4, device=device).transpose(2, 3)  # (1, 1, 4, 8), strided
+    values = torch.zeros(1, 1, 4, 8, device=device)
+    positions = torch.full((1, 1, 4), -1, device=device)
+    priorities = torch.full((1, 1, 2), float("-inf"), device=device)
+    statistic = torch.zeros(1, 1, 0, device=device)
+    leaving = [torch.zeros(1, 1, 8, device=device), torch.zeros(1, 1, 8, device=device),
+               torch.zeros(1, 1, dtype=torch.int64, device=device),
+               torch.zeros(1, 1, device=device), torch.zeros(1, 1, device=device)]  # fmt: skip
+    with kernels_enabled(device), pytest.raises(ValueError, match="keys must be contiguous"):
+        torch.ops.kvpop.evict(keys, values, positions, priorities, statistic, *leaving, 1, 2)
