@@ -21,8 +21,14 @@ def kernel_devices() -> list:
     elif torch.cuda.is_available():
         devices.append("cuda")
     if not devices:
-        return [pytest.param("none", marks=pytest.mark.skip(
-            reason="Triton kernels need a CUDA GPU, or TRITON_INTERPRET=1 for CPU tensors"))]
+        return [
+            pytest.param(
+                "none",
+                marks=pytest.mark.skip(
+                    reason="Triton kernels need a CUDA GPU, or TRITON_INTERPRET=1 for CPU tensors"
+                ),
+            )
+        ]
     return devices  # fmt: skip
 
 

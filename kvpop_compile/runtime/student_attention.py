@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from ..config import KVpopConfig
-from .attention import masked_attention
 from . import ops  # noqa: F401  (registers the kvpop ops)
+from .attention import masked_attention
 from .scorers import Scorer
 
 

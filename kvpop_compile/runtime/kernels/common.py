@@ -28,6 +28,7 @@ def require_contiguous(**tensors: torch.Tensor) -> None:
     layout, so a strided one is refused."""
     for name, tensor in tensors.items():
         if not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous for the Triton kernel, got strides "
-                             f"{tuple(tensor.stride())}")
-
+            raise ValueError(
+                f"{name} must be contiguous for the Triton kernel, got strides "
+                f"{tuple(tensor.stride())}"
+            )

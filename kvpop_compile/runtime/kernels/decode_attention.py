@@ -13,7 +13,6 @@ Reference: :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -68,9 +67,7 @@ def _partial_kernel(
         p = tl.exp(score - shift[:, None])
         rescale = tl.exp(running_max - shift)
         running_sum = running_sum * rescale + tl.sum(p, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(
-            p.to(value.dtype), value, input_precision=PRECISION
-        )
+        acc = acc * rescale[:, None] + tl.dot(p.to(value.dtype), value, input_precision=PRECISION)
         running_max = tile_max
     part = head * splits + split
     tl.store(part_max + part * BLOCK_G + rows, running_max)
@@ -180,5 +177,3 @@ def bounded_decode_attention(
         BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d, WRITE_PROBS=with_probs,
     )  # fmt: skip
     return out, probs
-
-

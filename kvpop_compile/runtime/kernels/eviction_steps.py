@@ -27,6 +27,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..eviction import BoundaryDecisions
+
 BLOCK_TOKENS = 32
 BLOCK_CANDIDATES = 32
 
@@ -101,8 +102,9 @@ def _boundary_kernel(
     decided = is_query & (leaving >= first) & (members == topk)
     leaving_step = tl.load(steps + row * n + leaving, mask=decided, other=0)
     tl.store(boundary + row * n + queries, tl.where(decided, weakest, 0), mask=is_query)
-    tl.store(keep + row * n + queries, (decided & (leaving_step > queries)).to(tl.int8),
-             mask=is_query)
+    tl.store(
+        keep + row * n + queries, (decided & (leaving_step > queries)).to(tl.int8), mask=is_query
+    )
     tl.store(valid + row * n + queries, decided.to(tl.int8), mask=is_query)
 
 
