@@ -20,9 +20,10 @@ def policies(draw):
     shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), n)
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
-    draw_priority = torch.randint if ties else (lambda low, high, *a, **k: torch.randn(*a, **k))
-    priority = draw_priority(0, 4, shape, generator=g)
-    priority = priority.to(dtype)
+    if ties:  # small integers: many equal priorities, resolved by age
+        priority = torch.randint(0, 4, shape, generator=g).to(dtype)
+    else:
+        priority = torch.randn(shape, generator=g, dtype=dtype)
     if draw(st.booleans()):
         priority = torch.where(torch.rand(shape, generator=g) < 0.2, float("-inf"), priority)
     budget = dict(sinks=draw(st.integers(0, 4)), window=draw(st.integers(1, 6)),
