@@ -1,0 +1,241 @@
+"""Triton kernel benchmark: achieved bandwidth and the cost of the policy next to attention.
+
+On a CUDA GPU (the figures that matter), at Qwen3-4B/8B attention shapes (8 KV heads, 32 query
+heads, head_dim 128, bf16, batch 1):
+
+- bounded decode attention at capacity 2048-16384: time and achieved memory bandwidth as a
+  fraction of the GPU's peak (from its memory clock and bus width);
+- the decode step's policy at capacity 4096: the fused evict and the new-token write (the Triton
+  kernels) and the memory scorer's update + score (PyTorch), each as a fraction of one decode
+  attention step;
+- the running top-k kernels (eviction steps, boundary decisions);
+- prefill attention under eviction steps vs full causal attention (the same kernel without
+  steps, and torch's scaled_dot_product_attention);
+- the transposed-attention target vs a flash-style forward of the same N.
+
+    python benchmarks/kernels.py                # CUDA; writes benchmarks/results/kernels_gpu.md
+    TRITON_INTERPRET=1 python benchmarks/kernels.py --quick   # tiny shapes on CPU: runs only
+
+Times are medians (``triton.testing.do_bench`` on CUDA). Ratios are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Shapes:
+    kv_heads: int
+    group: int
+    head_dim: int
+    capacities: list[int]
+    policy_capacity: int
+    lengths: list[int]
+    dtype: torch.dtype
+
+
+FULL = Shapes(8, 4, 128, [2048, 4096, 8192, 16384], 4096, [4096, 8192, 16384], torch.bfloat16)
+QUICK = Shapes(2, 2, 16, [128], 128, [64], torch.float32)
+
+
+def median_ms(fn, device: torch.device) -> float:
+    """Median milliseconds of ``fn()`` after a warm-up."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def peak_bandwidth(device: torch.device) -> float | None:
+    """Bytes/s the GPU's memory can move at most: double data rate x bus width x clock."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    return 2 * bus_bits / 8 * clock_khz * 1e3 if clock_khz and bus_bits else None
+
+
+def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
+    return f"{moved_bytes / (ms * 1e-3) / peak:.0%}" if peak else "n/a"
+
+
+def decode_rows(shapes: Shapes, device, peak):
+    from kvpop_compile.runtime.attention import bounded_decode_attention as reference
+    from kvpop_compile.runtime.kernels import bounded_decode_attention
+
+    rows, attention_ms = [], {}
+    h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
+    for capacity in shapes.capacities:
+        q = torch.randn(1, h * g, 1, d, device=device, dtype=dtype)
+        keys = torch.randn(1, h, capacity, d, device=device, dtype=dtype)
+        values = torch.randn_like(keys)
+        positions = torch.arange(capacity, device=device).expand(1, h, capacity).contiguous()
+        scale = d**-0.5
+        moved = 2 * keys.numel() * keys.element_size() + positions.numel() * 8
+        kernel = median_ms(
+            lambda: bounded_decode_attention(q, keys, values, positions, scale, False), device
+        )
+        with_probs = median_ms(
+            lambda: bounded_decode_attention(q, keys, values, positions, scale, True), device
+        )
+        plain = median_ms(lambda: reference(q, keys, values, positions, scale=scale), device)
+        attention_ms[capacity] = kernel
+        rows.append(
+            [f"decode attention C={capacity}", f"{kernel * 1e3:.1f}",
+             fraction(moved, kernel, peak), f"with probs {with_probs * 1e3:.1f} us; "
+             f"the PyTorch reference takes {plain / kernel:.1f}x as long"]
+        )  # fmt: skip
+    return rows, attention_ms
+
+
+def policy_rows(shapes: Shapes, device, peak, attention_ms):
+    from kvpop_compile import KVpopConfig
+    from kvpop_compile.runtime import BoundedCacheState, build_scorer
+    from kvpop_compile.runtime.kernels import evict_into_pool, write_new_token
+
+    capacity, h, d = shapes.policy_capacity, shapes.kv_heads, shapes.head_dim
+    window = min(256, capacity // 8)
+    config = KVpopConfig(sinks=4, window=window, topk=capacity - 4 - window, scorer="memory")
+    scorer = build_scorer(config, h, d).to(device)
+    state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=d, dtype=shapes.dtype,
+                                    device=device)  # fmt: skip
+    state.keys.normal_()
+    state.values.normal_()
+    state.positions.copy_(torch.arange(capacity, device=device))
+    state.priorities.normal_()
+    state.seen.fill_(capacity)
+    leaving = [torch.randn(1, h, d, device=device, dtype=shapes.dtype) for _ in range(2)]
+    leaving_position = torch.full((1, h), capacity, device=device)
+    leaving_statistic = torch.zeros(1, h, device=device)
+    priority = torch.randn(1, h, device=device)
+    token = [torch.randn(1, h, 1, d, device=device, dtype=shapes.dtype) for _ in range(3)]
+    tensors = (state.keys, state.values, state.positions, state.priorities, state.statistic)
+
+    def evict():
+        evict_into_pool(*tensors, *leaving, leaving_position, leaving_statistic, priority,
+                        config.sinks, config.topk)  # fmt: skip
+
+    def write():
+        write_new_token(state.keys, state.values, state.positions, state.window_keys,
+                        state.statistic, state.seen, *token, config.sinks, config.topk,
+                        config.window)  # fmt: skip
+
+    def score():
+        new_state = scorer.update_state(state.scorer_state, token[1][:, :, 0], token[2][:, :, 0])
+        return scorer.score(new_state, leaving[0], leaving[1], leaving_position)
+
+    attention = attention_ms[capacity]
+    rows = []
+    moved = config.topk * (4 + 8) + 2 * 2 * d * shapes.dtype.itemsize  # pool scan + two rows
+    with torch.no_grad():
+        for name, fn in (("fused evict", evict), ("new-token write", write),
+                         ("memory scorer update + score", score)):  # fmt: skip
+            ms = median_ms(fn, device)
+            rows.append([f"{name} C={capacity}", f"{ms * 1e3:.1f}",
+                         fraction(moved, ms, peak) if name == "fused evict" else "",
+                         f"{ms / attention:.1%} of a decode attention step"])  # fmt: skip
+    return rows
+
+
+def prefill_rows(shapes: Shapes, device):
+    import torch.nn.functional as F
+
+    from kvpop_compile.runtime.kernels import (
+        eviction_steps,
+        future_attention_target,
+        masked_attention,
+        running_topk_boundary,
+    )
+
+    rows = []
+    h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
+    for n in shapes.lengths:
+        q = torch.randn(1, h * g, n, d, device=device, dtype=dtype)
+        k, v = torch.randn(1, h, n, d, device=device, dtype=dtype), torch.randn(
+            1, h, n, d, device=device, dtype=dtype
+        )
+        priority = torch.randn(1, h, n, device=device)
+        topk = max(1, n // 8)
+        steps_ms = median_ms(lambda: eviction_steps(priority, 4, 64, topk), device)
+        boundary_ms = median_ms(lambda: running_topk_boundary(priority, 4, 64, topk), device)
+        steps = eviction_steps(priority, 4, 64, topk)
+        scale = d**-0.5
+        full = median_ms(lambda: masked_attention(q, k, v, None, scale), device)
+        bounded = median_ms(lambda: masked_attention(q, k, v, steps, scale), device)
+        sdpa = median_ms(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            device,
+        )
+        _, lse = masked_attention(q, k, v, None, scale)
+        target = median_ms(lambda: future_attention_target(q, k, lse, 64, scale), device)
+        rows += [
+            [f"eviction steps N={n} (K={topk})", f"{steps_ms * 1e3:.1f}", "",
+             f"{steps_ms / full:.2f}x a causal flash forward"],
+            [f"boundary decisions N={n}", f"{boundary_ms * 1e3:.1f}", "",
+             f"{boundary_ms / full:.2f}x a causal flash forward (includes the eviction steps)"],
+            [f"prefill attention N={n}, capacity {4 + 64 + topk}", f"{bounded * 1e3:.1f}", "",
+             f"{bounded / full:.2f}x the same kernel causal; causal is {full / sdpa:.2f}x SDPA"],
+            [f"transposed target N={n}", f"{target * 1e3:.1f}", "",
+             f"{target / full:.2f}x a flash-style forward; {target / sdpa:.2f}x SDPA"],
+        ]  # fmt: skip
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks it runs")
+    parser.add_argument("--out", type=Path, default=None, help="markdown file to write")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    if not cuda and not args.quick:
+        print("benchmarks/kernels.py needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    device = torch.device("cuda" if cuda else "cpu")
+    shapes = QUICK if args.quick else FULL
+    torch.manual_seed(0)
+    peak = peak_bandwidth(device)
+    decode, attention_ms = decode_rows(shapes, device, peak)
+    rows = decode + policy_rows(shapes, device, peak, attention_ms) + prefill_rows(shapes, device)
+    name = torch.cuda.get_device_name(device) if cuda else "CPU (Triton interpreter)"
+    lines = [
+        f"# Triton kernels on {name}",
+        "",
+        f"{shapes.kv_heads} KV heads x {shapes.group} query heads each, head_dim "
+        f"{shapes.head_dim}, {str(shapes.dtype).removeprefix('torch.')}, batch 1. Peak memory "
+        f"bandwidth: {peak / 1e12:.2f} TB/s." if peak else "Peak bandwidth: n/a.",
+        "",
+        "| kernel | median us | of peak bandwidth | notes |",
+        "|---|---:|---:|---|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = args.out or (None if args.quick else RESULTS / "kernels_gpu.md")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
