@@ -78,33 +78,29 @@ def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
     return f"{moved_bytes / (ms * 1e-3) / peak:.0%}" if peak else "n/a"
 
 
-def decode_rows(shapes: Shapes, device, peak):
+def decode_row(shapes: Shapes, capacity: int, device, peak) -> tuple[list[str], float]:
+    """One capacity's decode attention: the table row and the kernel's median ms."""
     from kvpop_compile.runtime.attention import bounded_decode_attention as reference
     from kvpop_compile.runtime.kernels import bounded_decode_attention
 
-    rows, attention_ms = [], {}
     h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
-    for capacity in shapes.capacities:
-        q = torch.randn(1, h * g, 1, d, device=device, dtype=dtype)
-        keys = torch.randn(1, h, capacity, d, device=device, dtype=dtype)
-        values = torch.randn_like(keys)
-        positions = torch.arange(capacity, device=device).expand(1, h, capacity).contiguous()
-        scale = d**-0.5
-        moved = 2 * keys.numel() * keys.element_size() + positions.numel() * 8
-        kernel = median_ms(
-            lambda: bounded_decode_attention(q, keys, values, positions, scale, False), device
-        )
-        with_probs = median_ms(
-            lambda: bounded_decode_attention(q, keys, values, positions, scale, True), device
-        )
-        plain = median_ms(lambda: reference(q, keys, values, positions, scale=scale), device)
-        attention_ms[capacity] = kernel
-        rows.append(
-            [f"decode attention C={capacity}", f"{kernel * 1e3:.1f}",
-             fraction(moved, kernel, peak), f"with probs {with_probs * 1e3:.1f} us; "
-             f"the PyTorch reference takes {plain / kernel:.1f}x as long"]
-        )  # fmt: skip
-    return rows, attention_ms
+    q = torch.randn(1, h * g, 1, d, device=device, dtype=dtype)
+    keys = torch.randn(1, h, capacity, d, device=device, dtype=dtype)
+    values = torch.randn_like(keys)
+    positions = torch.arange(capacity, device=device).expand(1, h, capacity).contiguous()
+    scale = d**-0.5
+    moved = 2 * keys.numel() * keys.element_size() + positions.numel() * 8
+    kernel = median_ms(
+        lambda: bounded_decode_attention(q, keys, values, positions, scale, False), device
+    )
+    with_probs = median_ms(
+        lambda: bounded_decode_attention(q, keys, values, positions, scale, True), device
+    )
+    plain = median_ms(lambda: reference(q, keys, values, positions, scale=scale), device)
+    row = [f"decode attention C={capacity}", f"{kernel * 1e3:.1f}",
+           fraction(moved, kernel, peak), f"with probs {with_probs * 1e3:.1f} us; "
+           f"the PyTorch reference takes {plain / kernel:.1f}x as long"]  # fmt: skip
+    return row, kernel
 
 
 def policy_rows(shapes: Shapes, device, peak, attention_ms):
@@ -156,7 +152,8 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
     return rows
 
 
-def prefill_rows(shapes: Shapes, device):
+def prefill_rows(shapes: Shapes, n: int, device) -> list[list[str]]:
+    """Running top-k, prefill attention and the target at sequence length ``n``."""
     import torch.nn.functional as F
 
     from kvpop_compile.runtime.kernels import (
@@ -166,38 +163,33 @@ def prefill_rows(shapes: Shapes, device):
         running_topk_boundary,
     )
 
-    rows = []
     h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
-    for n in shapes.lengths:
-        q = torch.randn(1, h * g, n, d, device=device, dtype=dtype)
-        k, v = torch.randn(1, h, n, d, device=device, dtype=dtype), torch.randn(
-            1, h, n, d, device=device, dtype=dtype
-        )
-        priority = torch.randn(1, h, n, device=device)
-        topk = max(1, n // 8)
-        steps_ms = median_ms(lambda: eviction_steps(priority, 4, 64, topk), device)
-        boundary_ms = median_ms(lambda: running_topk_boundary(priority, 4, 64, topk), device)
-        steps = eviction_steps(priority, 4, 64, topk)
-        scale = d**-0.5
-        full = median_ms(lambda: masked_attention(q, k, v, None, scale), device)
-        bounded = median_ms(lambda: masked_attention(q, k, v, steps, scale), device)
-        sdpa = median_ms(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-            device,
-        )
-        _, lse = masked_attention(q, k, v, None, scale)
-        target = median_ms(lambda: future_attention_target(q, k, lse, 64, scale), device)
-        rows += [
-            [f"eviction steps N={n} (K={topk})", f"{steps_ms * 1e3:.1f}", "",
-             f"{steps_ms / full:.2f}x a causal flash forward"],
-            [f"boundary decisions N={n}", f"{boundary_ms * 1e3:.1f}", "",
-             f"{boundary_ms / full:.2f}x a causal flash forward (includes the eviction steps)"],
-            [f"prefill attention N={n}, capacity {4 + 64 + topk}", f"{bounded * 1e3:.1f}", "",
-             f"{bounded / full:.2f}x the same kernel causal; causal is {full / sdpa:.2f}x SDPA"],
-            [f"transposed target N={n}", f"{target * 1e3:.1f}", "",
-             f"{target / full:.2f}x a flash-style forward; {target / sdpa:.2f}x SDPA"],
-        ]  # fmt: skip
-    return rows
+    q = torch.randn(1, h * g, n, d, device=device, dtype=dtype)
+    k = torch.randn(1, h, n, d, device=device, dtype=dtype)
+    v = torch.randn(1, h, n, d, device=device, dtype=dtype)
+    priority = torch.randn(1, h, n, device=device)
+    sinks, window, topk = 4, 64, max(1, n // 8)
+    scale = d**-0.5
+    steps_ms = median_ms(lambda: eviction_steps(priority, sinks, window, topk), device)
+    boundary_ms = median_ms(lambda: running_topk_boundary(priority, sinks, window, topk), device)
+    steps = eviction_steps(priority, sinks, window, topk)
+    full = median_ms(lambda: masked_attention(q, k, v, None, scale), device)
+    bounded = median_ms(lambda: masked_attention(q, k, v, steps, scale), device)
+    sdpa = median_ms(
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), device
+    )
+    _, lse = masked_attention(q, k, v, None, scale)
+    target = median_ms(lambda: future_attention_target(q, k, lse, window, scale), device)
+    return [
+        [f"eviction steps N={n} (K={topk})", f"{steps_ms * 1e3:.1f}", "",
+         f"{steps_ms / full:.2f}x a causal flash forward"],
+        [f"boundary decisions N={n}", f"{boundary_ms * 1e3:.1f}", "",
+         f"{boundary_ms / full:.2f}x a causal flash forward (includes the eviction steps)"],
+        [f"prefill attention N={n}, capacity {sinks + window + topk}", f"{bounded * 1e3:.1f}",
+         "", f"{bounded / full:.2f}x the same kernel causal; causal is {full / sdpa:.2f}x SDPA"],
+        [f"transposed target N={n}", f"{target * 1e3:.1f}", "",
+         f"{target / full:.2f}x a flash-style forward; {target / sdpa:.2f}x SDPA"],
+    ]  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -214,15 +206,22 @@ def main(argv=None) -> int:
     shapes = QUICK if args.quick else FULL
     torch.manual_seed(0)
     peak = peak_bandwidth(device)
-    decode, attention_ms = decode_rows(shapes, device, peak)
-    rows = decode + policy_rows(shapes, device, peak, attention_ms) + prefill_rows(shapes, device)
+    rows, attention_ms = [], {}
+    for capacity in shapes.capacities:
+        row, attention_ms[capacity] = decode_row(shapes, capacity, device, peak)
+        rows.append(row)
+    rows += policy_rows(shapes, device, peak, attention_ms)
+    for n in shapes.lengths:
+        rows += prefill_rows(shapes, n, device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU (Triton interpreter)"
     lines = [
         f"# Triton kernels on {name}",
         "",
         f"{shapes.kv_heads} KV heads x {shapes.group} query heads each, head_dim "
         f"{shapes.head_dim}, {str(shapes.dtype).removeprefix('torch.')}, batch 1. Peak memory "
-        f"bandwidth: {peak / 1e12:.2f} TB/s." if peak else "Peak bandwidth: n/a.",
+        f"bandwidth: {peak / 1e12:.2f} TB/s."
+        if peak
+        else "Peak bandwidth: n/a.",
         "",
         "| kernel | median us | of peak bandwidth | notes |",
         "|---|---:|---:|---|",

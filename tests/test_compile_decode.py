@@ -11,7 +11,6 @@ from kvpop_compile import KVpopConfig
 from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_step
 from kvpop_compile.runtime.dispatch import interpreting
 
-
 CUDA = pytest.param(
     "cuda",
     marks=pytest.mark.skipif(
