@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     trainer = commands.add_parser("train", help="train scorers for a local Qwen3 checkpoint")
     trainer.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
-    trainer.add_argument("--data", required=True, help="folder of .txt/.py files or a .jsonl")
+    trainer.add_argument(
+        "--data",
+        required=True,
+        help="folder of .txt/.py files, a .jsonl, or an Arrow dataset (.arrow file or folder)",
+    )
     trainer.add_argument("--out", required=True, help="output folder (checkpoint, scorer/)")
     _budget_arguments(trainer)
     trainer.add_argument("--steps", type=int, default=200)

@@ -16,13 +16,19 @@ TEXT_SUFFIXES = (".txt", ".py")
 
 def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
     """Texts from a folder of ``.txt``/``.py`` files (recursively, sorted by path), a ``.jsonl``
-    file of ``{"text": ...}`` records, or a list of strings."""
+    file of ``{"text": ...}`` records, an Arrow dataset with a ``text`` column (an ``.arrow``
+    file, or a folder of them such as ``datasets.Dataset.save_to_disk`` writes), or a list of
+    strings."""
     if not isinstance(data, (str, os.PathLike)):
         texts = list(data)
         if not texts:
             raise ValueError("data is an empty list of texts")
         return texts
     path = Path(data)
+    if path.is_file() and path.suffix == ".arrow":
+        return read_arrow([path])
+    if path.is_dir() and any(path.glob("*.arrow")):
+        return read_arrow(sorted(path.glob("*.arrow")))
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
         if not files:
@@ -40,7 +46,41 @@ def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
         if not texts:
             raise ValueError(f"{path} has no records")
         return texts
-    raise ValueError(f"data must be a folder of .txt/.py files, a .jsonl file or texts; got {path}")
+    raise ValueError(
+        f"data must be a folder of .txt/.py files, a .jsonl file, an Arrow dataset (.arrow file "
+        f"or a folder of them) or a list of texts; got {path}"
+    )
+
+
+def read_arrow(files: Sequence[Path]) -> list[str]:
+    """The ``text`` column of Arrow IPC files, in order (stream format, as Hugging Face
+    ``datasets`` writes, or file format). Needs ``pyarrow`` (the ``arrow`` extra)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ImportError(
+            "reading an Arrow dataset needs pyarrow: pip install 'kvpop_compile[arrow]'"
+        ) from None
+    texts: list[str] = []
+    for file in files:
+        try:
+            with pa.memory_map(str(file)) as source:
+                try:
+                    table = pa.ipc.open_stream(source).read_all()
+                except pa.ArrowInvalid:
+                    source.seek(0)
+                    table = pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid as error:
+            raise ValueError(f"{file} is not an Arrow IPC file: {error}") from None
+        if "text" not in table.column_names:
+            raise ValueError(f"{file} has no 'text' column; its columns: {table.column_names}")
+        column = table.column("text")
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            raise ValueError(f"{file}: the 'text' column holds {column.type}, not strings")
+        texts.extend(text for text in column.to_pylist() if text is not None)
+    if not texts:
+        raise ValueError(f"the Arrow dataset {files[0].parent} has no texts")
+    return texts
 
 
 def byte_tokenizer(text: str) -> list[int]:

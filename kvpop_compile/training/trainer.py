@@ -144,7 +144,8 @@ def train_scorer(
 ) -> TrainingReport:
     """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``.
 
-    ``data``: a folder of ``.txt``/``.py`` files, a ``.jsonl`` file, or a list of texts,
+    ``data``: a folder of ``.txt``/``.py`` files, a ``.jsonl`` file, an Arrow dataset, or a
+    list of texts (see :func:`~kvpop_compile.training.data.read_texts`),
     tokenized by ``tokenizer`` (text -> ids; UTF-8 bytes by default, for byte-vocabulary
     models) and packed into sequences of ``seq_len`` tokens. Writes ``checkpoint.pt`` and the
     final ``scorer/`` folder to ``output_dir``.
