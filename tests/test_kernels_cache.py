@@ -3,6 +3,8 @@
 Through the ``kvpop`` ops, so the device dispatch is tested too. Hypothesis draws shapes, ties,
 empty slots, ``-inf`` priorities and tokens that are not there (position -1)."""
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from kernel_support import kernel_devices, kernels_enabled
 
 from kvpop_compile.runtime import ops  # noqa: F401
 from kvpop_compile.runtime.cache_update import evict_into_pool_, write_new_token_
+from kvpop_compile.runtime.kernels import evict as evict_kernels
 
 pytestmark = pytest.mark.parametrize("device", kernel_devices())
 
@@ -43,8 +46,9 @@ def cache_tensors(c, device):
 
 
 @settings(max_examples=25)
-@given(c=caches())
-def test_evict_kernel_matches_reference(device, c):
+@given(c=caches(), pool_chunk=st.sampled_from([2, 4, evict_kernels.POOL_CHUNK]))
+def test_evict_kernel_matches_reference(device, c, pool_chunk):
+    """``pool_chunk`` < topk makes the weakest-entry search run over several chunks."""
     cache, g = cache_tensors(c, device)
     b, h, d = c["batch"], c["heads"], c["dim"]
     leaving_position = torch.randint(60, 80, (b, h), generator=g)
@@ -55,7 +59,7 @@ def test_evict_kernel_matches_reference(device, c):
     leaving = [t.to(device) for t in leaving]
     expected = [t.clone() for t in cache]
     evict_into_pool_(*expected, *leaving, c["sinks"], c["topk"])
-    with kernels_enabled(device):
+    with kernels_enabled(device), mock.patch.object(evict_kernels, "POOL_CHUNK", pool_chunk):
         torch.ops.kvpop.evict(*cache, *leaving, c["sinks"], c["topk"])
     for name, got, want in zip(("keys", "values", "positions", "priorities", "statistic"),
                                cache, expected, strict=True):  # fmt: skip

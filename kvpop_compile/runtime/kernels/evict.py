@@ -19,6 +19,10 @@ from torch.library import wrap_triton
 
 from .common import INT64_MAX, next_power_of_2, require_contiguous
 
+# Pool slots scanned per iteration of the weakest-entry search: 1024 keeps the scan in
+# registers at 4 warps (a whole pool of ~8000 slots in one block spills).
+POOL_CHUNK = 1024
+
 
 @triton.jit
 def _evict_kernel(
@@ -28,21 +32,28 @@ def _evict_kernel(
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    slots = tl.arange(0, BLOCK_K)
-    in_pool = slots < topk
-    pool_priority = tl.load(priorities + row * topk + slots, mask=in_pool, other=float("inf"))
-    pool_position = tl.load(positions + row * capacity + sinks + slots, mask=in_pool, other=0)
-
     # Weakest entry: lowest priority, then the newest position (an empty slot, -1, counts as
-    # newer than any token), then the first slot — exactly the reference's order.
-    lowest = tl.min(pool_priority, axis=0)
-    effective = tl.where(pool_position < 0, INT64_MAX, pool_position)
-    candidate = in_pool & (pool_priority == lowest)
-    newest = tl.max(tl.where(candidate, effective, -1), axis=0)
-    weakest = tl.min(tl.where(candidate & (effective == newest), slots, BLOCK_K), axis=0)
-    chosen = slots == weakest
-    old_priority = tl.max(tl.where(chosen, pool_priority, float("-inf")), axis=0)
-    old_position = tl.sum(tl.where(chosen, pool_position, 0), axis=0)
+    # newer than any token), then the first slot — exactly the reference's order. The pool is
+    # scanned in chunks of BLOCK_K with a running best, so a large pool does not spill registers.
+    old_priority = tl.full([], float("inf"), dtype=priorities.dtype.element_ty)
+    newest = tl.full([], -1, dtype=tl.int64)
+    weakest = tl.full([], 0, dtype=tl.int32)
+    for start in range(0, topk, BLOCK_K):
+        slots = start + tl.arange(0, BLOCK_K)
+        in_pool = slots < topk
+        pool_priority = tl.load(priorities + row * topk + slots, mask=in_pool, other=float("inf"))
+        pool_position = tl.load(positions + row * capacity + sinks + slots, mask=in_pool, other=0)
+        lowest = tl.min(pool_priority, axis=0)
+        effective = tl.where(pool_position < 0, INT64_MAX, pool_position)
+        candidate = in_pool & (pool_priority == lowest)
+        chunk_newest = tl.max(tl.where(candidate, effective, -1), axis=0)
+        chunk_weakest = tl.min(tl.where(candidate & (effective == chunk_newest), slots, topk), 0)
+        # Chunks come in slot order: on a full tie the earlier chunk's slot stays.
+        better = (lowest < old_priority) | ((lowest == old_priority) & (chunk_newest > newest))
+        old_priority = tl.where(better, lowest, old_priority)
+        newest = tl.where(better, chunk_newest, newest)
+        weakest = tl.where(better, chunk_weakest, weakest)
+    old_position = tl.where(newest == INT64_MAX, -1, newest)
 
     new_priority = tl.load(priority + row)
     new_position = tl.load(leaving_position + row)
@@ -100,7 +111,8 @@ def evict_into_pool(
         leaving_statistic.to(statistic.dtype).contiguous(),
         priority.to(priorities.dtype).contiguous(),
         sinks, topk, capacity, dim,
-        BLOCK_K=next_power_of_2(topk), BLOCK_D=next_power_of_2(dim), HAS_STATISTIC=has_statistic,
+        BLOCK_K=min(next_power_of_2(topk), POOL_CHUNK), BLOCK_D=next_power_of_2(dim),
+        HAS_STATISTIC=has_statistic,
     )  # fmt: skip
 
 

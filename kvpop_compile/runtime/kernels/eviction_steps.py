@@ -108,6 +108,15 @@ def _boundary_kernel(
     tl.store(valid + row * n + queries, decided.to(tl.int8), mask=is_query)
 
 
+def _rows(priority: torch.Tensor) -> torch.Tensor:
+    """``(rows, N)`` contiguous priorities. 16-bit floats are widened to float32 (exactly, so
+    the order is kept): the kernels carry a running priority, whose type must not change."""
+    rows = priority.reshape(-1, priority.shape[-1])
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        rows = rows.float()
+    return rows.contiguous()
+
+
 def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
     """Triton version of :func:`kvpop_compile.runtime.eviction.eviction_steps` (inputs already
     checked): ``priority (..., N)`` float -> ``(..., N)`` int64 eviction steps."""
@@ -119,7 +128,7 @@ def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -
             local = torch.arange(first, n, device=priority.device)
             steps[..., first:] = (local + window).clamp(max=n)
         return steps
-    rows = priority.reshape(-1, n).contiguous()
+    rows = _rows(priority)
     grid = (rows.shape[0], triton.cdiv(n - first, BLOCK_TOKENS))
     wrap_triton(_eviction_steps_kernel)[grid](
         rows, steps, n, first, window, topk, BLOCK_T=BLOCK_TOKENS, BLOCK_U=BLOCK_CANDIDATES
@@ -142,7 +151,7 @@ def running_topk_boundary(
     valid = torch.zeros(shape, dtype=torch.int8, device=device)
     first = min(sinks, n)
     if topk > 0 and n > first and priority.numel() > 0:
-        rows = priority.reshape(-1, n).contiguous()
+        rows = _rows(priority)
         steps = eviction_steps(rows, sinks, window, topk)
         grid = (rows.shape[0], triton.cdiv(n, BLOCK_TOKENS))
         wrap_triton(_boundary_kernel)[grid](
