@@ -4,10 +4,11 @@
 GQA lives inside the kernel: a program owns one KV head and the whole group of query heads that
 share it, so each K/V tile is loaded once per group (the group is padded to 16 rows for
 ``tl.dot``). Split-K: the slots are cut into ``splits`` chunks, each program producing a
-partial (max, sum, weighted values) for its chunk, and a second kernel combines the chunks —
-with batch 1 and 8 KV heads there would otherwise be 8 programs on a GPU of 100+ SMs.
-When asked, it also returns each query head's attention to every slot (the attention-fed
-scorers' input): the first kernel writes raw scores and the combine step normalises them.
+partial (max, sum, weighted values) for its chunk, and a second kernel combines the chunks, one
+program per query row — with batch 1 and 8 KV heads there would otherwise be 8 programs on a
+GPU of 100+ SMs. When asked, it also returns each query head's attention to every slot (the
+attention-fed scorers' input): the first kernel writes raw scores, and a third kernel, over the
+same chunks, normalises them with each row's log-sum-exp.
 Reference: :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
 """
 
@@ -22,6 +23,7 @@ from ..attention import query_group
 from .common import dot_precision, next_power_of_2
 
 BLOCK_SLOTS = 64
+MIN_CHUNK_TILES = 2
 
 
 @triton.jit
@@ -69,57 +71,70 @@ def _partial_kernel(
         running_sum = running_sum * rescale + tl.sum(p, axis=1)
         acc = acc * rescale[:, None] + tl.dot(p.to(value.dtype), value, input_precision=PRECISION)
         running_max = tile_max
-    part = head * splits + split
-    tl.store(part_max + part * BLOCK_G + rows, running_max)
-    tl.store(part_sum + part * BLOCK_G + rows, running_sum)
-    tl.store(part_acc + (part * BLOCK_G + rows[:, None]) * BLOCK_D + features[None, :], acc)
+    # Partials are laid out (head, group row, split) so a combine program reads one row's
+    # splits as a single vector; the padding rows of the group are not stored.
+    part = (head * group + rows) * splits + split
+    tl.store(part_max + part, running_max, mask=in_group)
+    tl.store(part_sum + part, running_sum, mask=in_group)
+    tl.store(
+        part_acc + part[:, None] * dim + features[None, :], acc,
+        mask=in_group[:, None] & in_dim[None, :],
+    )  # fmt: skip
 
 
 @triton.jit
 def _combine_kernel(
-    out, probs, part_max, part_sum, part_acc, capacity, dim, group, splits,
-    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-    WRITE_PROBS: tl.constexpr,
+    out, row_lse, part_max, part_sum, part_acc, dim, splits,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
+    query_row = tl.program_id(0).to(tl.int64)  # flat (batch, kv head, group member)
+    chunks = tl.arange(0, BLOCK_S)
+    features = tl.arange(0, BLOCK_D)
+    is_chunk = chunks < splits
+    part = query_row * splits + chunks
+    chunk_max = tl.load(part_max + part, mask=is_chunk, other=float("-inf"))
+    total_max = tl.max(chunk_max, axis=0)
+    shift = tl.where(total_max == float("-inf"), 0.0, total_max)
+    weight = tl.where(is_chunk, tl.exp(chunk_max - shift), 0.0)
+    total_sum = tl.sum(weight * tl.load(part_sum + part, mask=is_chunk, other=0.0), axis=0)
+    partial = tl.load(
+        part_acc + part[:, None] * dim + features[None, :],
+        mask=is_chunk[:, None] & (features < dim)[None, :], other=0.0,
+    )  # fmt: skip
+    result = tl.sum(weight[:, None] * partial, axis=0) / total_sum
+    tl.store(out + query_row * dim + features, result.to(out.dtype.element_ty), mask=features < dim)
+    tl.store(row_lse + query_row, shift + tl.log(total_sum))
+
+
+@triton.jit
+def _normalize_kernel(
+    probs, row_lse, capacity, group, chunk,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Raw scores -> probabilities, one (KV head, chunk of slots) per program."""
     head = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BLOCK_G)
-    features = tl.arange(0, BLOCK_D)
     in_group = rows < group
-    total_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    for split in range(splits):
-        part = head * splits + split
-        total_max = tl.maximum(total_max, tl.load(part_max + part * BLOCK_G + rows))
-    shift = tl.where(total_max == float("-inf"), 0.0, total_max)
-    total_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for split in range(splits):
-        part = head * splits + split
-        weight = tl.exp(tl.load(part_max + part * BLOCK_G + rows) - shift)
-        total_sum += weight * tl.load(part_sum + part * BLOCK_G + rows)
-        partial = tl.load(part_acc + (part * BLOCK_G + rows[:, None]) * BLOCK_D + features[None, :])
-        acc += weight[:, None] * partial
-    result = acc / total_sum[:, None]
-    tl.store(
-        out + (head * group + rows[:, None]) * dim + features[None, :],
-        result.to(out.dtype.element_ty),
-        mask=in_group[:, None] & (features < dim)[None, :],
-    )  # fmt: skip
-    if WRITE_PROBS:
-        log_total = shift + tl.log(total_sum)
-        for start in range(0, capacity, BLOCK_C):
-            slots = start + tl.arange(0, BLOCK_C)
-            where = (head * group + rows[:, None]) * capacity + slots[None, :]
-            mask = in_group[:, None] & (slots < capacity)[None, :]
-            score = tl.load(probs + where, mask=mask, other=float("-inf"))
-            tl.store(probs + where, tl.exp(score - log_total[:, None]), mask=mask)
+    lse = tl.load(row_lse + head * group + rows, mask=in_group, other=0.0)
+    begin = tl.program_id(1) * chunk
+    end = tl.minimum(begin + chunk, capacity)
+    for start in range(begin, end, BLOCK_C):
+        slots = start + tl.arange(0, BLOCK_C)
+        where = (head * group + rows[:, None]) * capacity + slots[None, :]
+        mask = in_group[:, None] & (slots < end)[None, :]
+        score = tl.load(probs + where, mask=mask, other=float("-inf"))
+        tl.store(probs + where, tl.exp(score - lse[:, None]), mask=mask)
 
 
 def _default_splits(heads: int, capacity: int, device: torch.device) -> int:
-    """Enough chunks for about two programs per SM on a GPU; one on the CPU interpreter."""
+    """Enough chunks for about three programs per SM on a GPU (a decode step reads the whole
+    cache once, so the grid must cover every SM to reach full bandwidth), each at least
+    ``MIN_CHUNK_TILES`` tiles long; one chunk on the CPU interpreter."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * sms, heads), triton.cdiv(capacity, 4 * BLOCK_SLOTS)))
+    longest = triton.cdiv(capacity, MIN_CHUNK_TILES * BLOCK_SLOTS)
+    return max(1, min(triton.cdiv(3 * sms, heads), longest))
 
 
 def bounded_decode_attention(
@@ -159,9 +174,10 @@ def bounded_decode_attention(
     compute = torch.promote_types(torch.promote_types(q.dtype, keys.dtype), values.dtype)
     q_rows = q.to(compute).contiguous()
     positions = positions.contiguous()
-    part_max = torch.empty(heads, splits, block_g, device=device)
-    part_sum = torch.empty(heads, splits, block_g, device=device)
-    part_acc = torch.empty(heads, splits, block_g, block_d, device=device)
+    part_max = torch.empty(heads, group, splits, device=device)
+    part_sum = torch.empty(heads, group, splits, device=device)
+    part_acc = torch.empty(heads, group, splits, dim, device=device)
+    row_lse = torch.empty(heads, group, device=device)
     probs_len = capacity if with_probs else 0
     probs = torch.empty(batch, kv_heads, group, probs_len, device=device)
     out = torch.empty(batch, q_heads, 1, dim, dtype=q.dtype, device=device)
@@ -172,8 +188,12 @@ def bounded_decode_attention(
         BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d,
         WRITE_SCORES=with_probs, PRECISION=precision,
     )  # fmt: skip
-    wrap_triton(_combine_kernel)[(heads,)](
-        out, probs, part_max, part_sum, part_acc, capacity, dim, group, splits,
-        BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d, WRITE_PROBS=with_probs,
+    wrap_triton(_combine_kernel)[(heads * group,)](
+        out, row_lse, part_max, part_sum, part_acc, dim, splits,
+        BLOCK_S=next_power_of_2(splits), BLOCK_D=block_d,
     )  # fmt: skip
+    if with_probs:
+        wrap_triton(_normalize_kernel)[(heads, splits)](
+            probs, row_lse, capacity, group, chunk, BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS
+        )
     return out, probs
