@@ -1,0 +1,186 @@
+"""Prefill: a KVpop prefill of N tokens against a full-attention prefill of the same model.
+
+Both are one forward over the prompt, eager, as ``generate()`` runs it: transformers' model with
+SDPA attention and its default dynamic cache, and the same weights transformed, prefilling a
+KVpop cache (scores from the scorer's parallel form, eviction steps from the parallel rule,
+attention under the eviction mask in query blocks, then the cache filled with what survives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kvpop_compile as kc
+from kvpop_compile.runtime import build_scorer
+
+from .harness import (
+    SHAPES,
+    PeakMemory,
+    Section,
+    Timing,
+    context_label,
+    measure,
+    mib,
+    qwen3_model,
+    table,
+)
+from .plots import Series, line_plot
+
+FULL_ATTENTION, KVPOP = "full attention (SDPA, dynamic cache)", "KVpop prefill"
+SCORER = "scorer parallel form, one layer"
+
+
+@dataclass(frozen=True)
+class Settings:
+    shape: str
+    layers: int
+    vocab: int
+    lengths: tuple[int, ...]
+    kvpop: kc.KVpopConfig
+    repeats: int
+    warmup: int  # untimed prefills at the smallest N
+
+
+FULL = Settings(
+    "qwen3-0.6b",
+    layers=2,
+    vocab=512,
+    lengths=(1024, 2048, 4096),
+    kvpop=kc.KVpopConfig(sinks=4, window=256, topk=3836),
+    repeats=3,
+    warmup=1,
+)
+QUICK = Settings(
+    "tiny",
+    layers=2,
+    vocab=256,
+    lengths=(64, 160),
+    kvpop=kc.KVpopConfig(sinks=4, window=16, topk=44),
+    repeats=2,
+    warmup=1,
+)
+
+
+@dataclass
+class Result:
+    timing: Timing
+    peak_bytes: int | None
+
+
+def _prefills(settings: Settings):
+    """``{name: prefill(input_ids)}`` for the two models (same weights)."""
+    max_positions = 2 * max(*settings.lengths, settings.kvpop.capacity)
+    build = dict(layers=settings.layers, vocab=settings.vocab, max_positions=max_positions)
+    baseline = qwen3_model(settings.shape, **build)
+    model = kc.transform(qwen3_model(settings.shape, **build), settings.kvpop)
+    return {
+        FULL_ATTENTION: lambda ids: baseline(input_ids=ids, use_cache=True).logits,
+        KVPOP: lambda ids: kc.prefill(model, ids, kc.new_cache(model)),
+    }
+
+
+def run(settings: Settings) -> Section:
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, settings.vocab, (1, max(settings.lengths)), generator=generator)
+    results: dict[tuple[str, int], Result] = {}
+    with torch.no_grad():
+        prefills = _prefills(settings)
+        for prefill in prefills.values():
+            warm = prompt[:, : settings.lengths[0]]
+            measure(lambda: prefill(warm), warmup=settings.warmup, repeats=1)  # noqa: B023
+        for n in settings.lengths:
+            ids = prompt[:, :n]
+            for name, prefill in prefills.items():
+                with PeakMemory() as peak:
+                    # The output and the cache it fills are freed after each call.
+                    timing = measure(lambda: prefill(ids), warmup=0, repeats=settings.repeats)  # noqa: B023
+                results[name, n] = Result(timing, peak.settle())
+        results[SCORER, settings.lengths[-1]] = _measure_scorer(settings, generator)
+    return _report(settings, results)
+
+
+def _measure_scorer(settings: Settings, generator: torch.Generator) -> Result:
+    """The scorer's parallel form alone, for one layer at the longest N: the part of a KVpop
+    prefill that a full-attention prefill does not have, besides the eviction steps."""
+    shape = SHAPES[settings.shape]
+    kv_heads, head_dim = shape["num_key_value_heads"], shape["head_dim"]
+    scorer = build_scorer(settings.kvpop, num_kv_heads=kv_heads, head_dim=head_dim).eval()
+    n = settings.lengths[-1]
+    raw_k, v = torch.randn(2, 1, kv_heads, n, head_dim, generator=generator)
+    window = settings.kvpop.window
+    with PeakMemory() as peak:
+        timing = measure(
+            lambda: scorer.score_sequence(raw_k, v, window), warmup=0, repeats=settings.repeats
+        )
+    return Result(timing, peak.settle())
+
+
+def _report(settings: Settings, results: dict[tuple[str, int], Result]) -> Section:
+    names = (FULL_ATTENTION, KVPOP)
+    rows = []
+    for n in settings.lengths:
+        full, kvpop = results[FULL_ATTENTION, n], results[KVPOP, n]
+        rows.append(
+            [
+                context_label(n),
+                full.timing.seconds(),
+                kvpop.timing.seconds(),
+                f"{kvpop.timing.median / full.timing.median:.2f}x",
+                mib(full.peak_bytes),
+                mib(kvpop.peak_bytes),
+            ]
+        )
+    config = settings.kvpop
+    section = Section(
+        title="Prefill",
+        method=(
+            f"One forward over an N-token prompt, eager, batch 1, float32, Qwen3 with "
+            f"{settings.layers} layers of `{settings.shape}` shapes; KVpop capacity "
+            f"{config.capacity} (`{config.scorer.value}` scorer). Seconds, median ± half the "
+            f"range of {settings.repeats} runs after a warm-up; peak memory above what stays "
+            "resident after the call (the filled cache is freed with the output)."
+        ),
+        tables=[
+            table(
+                [
+                    "N",
+                    f"{FULL_ATTENTION} s",
+                    f"{KVPOP} s",
+                    "KVpop / full",
+                    "full peak MiB",
+                    "KVpop peak MiB",
+                ],
+                rows,
+            )
+        ],
+        data={
+            f"{name}@{n}": {"s": list(r.timing.samples), "peak_bytes": r.peak_bytes}
+            for (name, n), r in results.items()
+        },
+    )
+    n = settings.lengths[-1]
+    scorer, kvpop = results[SCORER, n], results[KVPOP, n]
+    section.notes.append(
+        f"At N = {context_label(n)} the `{config.scorer.value}` scorer's parallel form alone "
+        f"takes {scorer.timing.median:.3f} s and {mib(scorer.peak_bytes)} MiB per layer "
+        f"({settings.layers * scorer.timing.median / kvpop.timing.median:.0%} of the KVpop "
+        f"prefill's time over its {settings.layers} layers)."
+    )
+    section.plots = {"prefill.png": lambda path: _plot(settings, results, names, path)}
+    return section
+
+
+def _plot(settings: Settings, results, names, path) -> bool:
+    lengths = list(settings.lengths)
+    series = [
+        Series(
+            name,
+            lengths,
+            [results[name, n].timing.median for n in lengths],
+            [results[name, n].timing.spread for n in lengths],
+        )
+        for name in names
+    ]
+    return line_plot(path, "Prefill", "prompt tokens", "seconds", series, logy=True)
