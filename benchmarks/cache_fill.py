@@ -93,7 +93,7 @@ def fill_bounded_state(
 
     sink_positions = torch.arange(min(sinks, n))
     state.positions[..., sink_positions] = sink_positions
-    recent = torch.arange(max(sinks, n - window), n)
+    recent = torch.arange(min(max(sinks, n - window), n), n)  # empty while n <= sinks
     state.positions[..., sinks + topk + (recent - sinks) % window] = recent
 
     older = max(0, n - window - sinks)  # tokens that have left the window

@@ -6,9 +6,13 @@ import json
 import sys
 
 import pytest
+import torch
 
 from benchmarks import run_all
+from benchmarks.cache_fill import fill_bounded_state
 from benchmarks.plots import matplotlib_available
+from kvpop_compile import KVpopConfig
+from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_step, decode_tokens
 
 
 def test_quick_suite_writes_tables_and_plots(tmp_path):
@@ -39,3 +43,35 @@ def test_only_the_chosen_family_and_tables_without_matplotlib(tmp_path, monkeypa
 def test_bad_thread_count_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         run_all.main(["--quick", "--threads", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("n", [1, 3, 9, 12])
+def test_filled_state_before_any_eviction_is_what_decoding_leaves(n):
+    """Up to capacity nothing is evicted, so the filled cache holds exactly the positions that
+    n decode steps leave, in the same slots."""
+    config = KVpopConfig(sinks=2, window=4, topk=6, scorer="window")
+    scorer = build_scorer(config, num_kv_heads=2, head_dim=8)
+    decoded = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    q, k, v = torch.randn(3, 1, 2, n, 8)
+    decode_tokens(decoded, q, k, k, v, scorer=scorer, config=config, scale=1.0)
+    filled = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    fill_bounded_state(filled, config, n, torch.Generator().manual_seed(0))
+    assert filled.cached_positions() == decoded.cached_positions()
+    sinks_and_window = [*range(config.sinks), *range(config.sinks + config.topk, config.capacity)]
+    assert torch.equal(filled.positions[..., sinks_and_window],
+                       decoded.positions[..., sinks_and_window])  # fmt: skip
+    assert int(filled.seen) == n
+
+
+def test_filled_state_past_capacity_has_a_full_pool_and_keeps_decoding():
+    config = KVpopConfig(sinks=2, window=4, topk=6, scorer="window")
+    scorer = build_scorer(config, num_kv_heads=2, head_dim=8)
+    state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
+    fill_bounded_state(state, config, 100, torch.Generator().manual_seed(0))
+    for held in state.cached_positions()[0]:
+        assert held[:2] == [0, 1] and held[-4:] == [96, 97, 98, 99]
+        assert len(set(held)) == config.capacity and all(2 <= p < 96 for p in held[2:-4])
+    assert torch.isfinite(state.priorities).all()
+    q, k, v = torch.randn(3, 1, 2, 1, 8)
+    decode_step(state, q, k, k, v, scorer=scorer, config=config, scale=1.0)
+    assert all(100 in held for held in state.cached_positions()[0])
