@@ -66,5 +66,9 @@ def capture_attention(attention: nn.Module, *, hidden_size: int, head_dim: int) 
     # A fresh GraphModule drops the exported module's input-spec hook; it references (does not
     # copy) the attention's parameters.
     captured = GraphModule(module, graph, class_name="CapturedAttention")
+    # Read parameters through the attention's own submodules at call time rather than through
+    # the stand-ins GraphModule made: whatever swaps a submodule's parameters (FSDP2 unsharding
+    # them for a forward, say) is then seen by the graph.
+    captured.attention = attention
     captured.kvpop_layer_idx = getattr(attention, "layer_idx", 0)
     return captured

@@ -1,13 +1,10 @@
 """Scorer training: the training-graph pass, train_scorer, checkpoints and resume."""
 
-import inspect
-import json
-import logging
-
 import pytest
 import torch
 from tiny_models import prompt, tiny_qwen3
 from torch.fx import Interpreter
+from training_support import CONFIG, TEXTS, run
 
 import kvpop_compile as kc
 from kvpop_compile.capture import capture_attention
@@ -19,9 +16,6 @@ from kvpop_compile.runtime import (
     masked_attention,
 )
 from kvpop_compile.training import train_scorer
-
-CONFIG = kc.KVpopConfig(sinks=2, window=8, topk=16, scorer="memory")
-TEXTS = [inspect.getsource(module) for module in (json, inspect, logging)]
 
 
 def training_graph(model, layer=0):
@@ -108,15 +102,6 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
     assert 0 <= float(accuracy) <= 1
 
 
-def run(tmp_path, steps, **overrides):
-    settings = dict(
-        steps=steps, seq_len=96, batch_size=2, eval_every=5, checkpoint_every=3, lr=3e-3,
-        progress=False,
-    )  # fmt: skip
-    settings.update(overrides)
-    return train_scorer(tiny_qwen3(), TEXTS, CONFIG, output_dir=tmp_path, **settings)
-
-
 def test_training_lowers_the_loss_and_ranks_above_chance(tmp_path):
     report = run(tmp_path, 30)
     first = sum(r["loss"] for r in report.history[:5]) / 5
@@ -176,66 +161,3 @@ def test_cli_trains_a_local_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 4: held-out loss" in out and "wrote scorer to" in out
     assert (tmp_path / "out" / "scorer" / "scorer.json").is_file()
-
-
-DISTRIBUTED_SCRIPT = """
-import inspect, json, logging, sys
-import torch.distributed as dist
-sys.path.insert(0, {tests!r})
-import kvpop_compile as kc
-from kvpop_compile.training import train_scorer
-from tiny_models import tiny_qwen3
-
-dist.init_process_group("gloo")
-texts = [inspect.getsource(module) for module in (json, inspect, logging)]
-config = kc.KVpopConfig(sinks=2, window=8, topk=16, scorer="memory")
-train_scorer(tiny_qwen3(), texts, config, output_dir={out!r}, steps=4, seq_len=96,
-             batch_size=4, lr=3e-3, eval_every=4, checkpoint_every=4, progress=False)
-dist.destroy_process_group()
-"""
-
-
-def test_two_gloo_processes_match_one(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    single = run(tmp_path / "single", 4, batch_size=4, eval_every=4, checkpoint_every=4)
-    script = tmp_path / "train.py"
-    tests = str(Path(__file__).parent)
-    script.write_text(DISTRIBUTED_SCRIPT.format(tests=tests, out=str(tmp_path / "pair")))
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script)], capture_output=True, text=True,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    one = load_file(single.scorer_path / "scorer.safetensors")
-    two = load_file(tmp_path / "pair" / "scorer" / "scorer.safetensors")
-    assert one.keys() == two.keys()
-    for name in one:
-        if name.endswith("readout.b2"):
-            # The boundary loss sees only differences of priorities, so the output bias has a
-            # zero gradient up to rounding; Adam scales that noise to lr-sized steps of either
-            # sign. It shifts every priority of a head alike and changes no decision.
-            continue
-        # Gradients summed in another order, then 4 Adam steps: float32 rounding only.
-        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6)
-
-
-def test_distillation_fine_tunes_the_student_towards_the_teacher(tmp_path):
-    model = tiny_qwen3()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    report = train_scorer(
-        model, TEXTS, CONFIG, output_dir=tmp_path, mode="distill", trainable=["mlp"],
-        steps=20, seq_len=96, batch_size=2, lr=3e-3, eval_every=20, checkpoint_every=20,
-        progress=False,
-    )  # fmt: skip
-    kl = [r["kl"] for r in report.history]
-    assert sum(kl[-5:]) / 5 < sum(kl[:5]) / 5  # the student moves towards the teacher
-    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    assert changed and all(".mlp." in n for n in changed)  # only the chosen modules trained
-    assert report.evaluations[-1]["kl"] >= 0
-    with pytest.raises(ValueError, match="mode must be one of scorer, distill; got 'rl'"):
-        train_scorer(tiny_qwen3(), TEXTS, CONFIG, output_dir=tmp_path / "x", mode="rl")

@@ -1,10 +1,12 @@
-"""Data-parallel scorer training over ``torch.distributed`` (e.g. under ``torchrun``).
+"""Data-parallel training over ``torch.distributed`` (e.g. under ``torchrun``).
 
-Every process holds the frozen model and all scorers; each takes an equal share of every batch
-and gradients are averaged across processes before the optimizer step (the semantics of DDP,
-whose module wrapper cannot be used here: scorers are called from inside the per-layer training
-graphs, not through one wrapped forward). Equal shares of equal-length rows make the averaged
-gradient the full batch's, so N processes reproduce one process to float rounding.
+Every process takes an equal share of every batch. Scorers are replicated: their gradients are
+averaged across processes before the optimizer step (the semantics of DDP, whose module wrapper
+cannot be used here: scorers are called from inside the per-layer training graphs, not through
+one wrapped forward). In distillation the fine-tuned student is sharded with FSDP2
+(:func:`shard_student`): each process keeps a slice of its parameters, gradients and optimizer
+state. Equal shares of equal-length rows make the averaged gradient the full batch's, so N
+processes reproduce one process to float rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,37 @@ class ProcessGroup:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+
+def shard_student(model: nn.Module, group: ProcessGroup, keep_whole: set[nn.Parameter]) -> None:
+    """FSDP2 over ``group``: every decoder layer, then the rest of ``model``, sharded in place.
+
+    ``keep_whole`` (the scorers, which the teacher's graphs share) stay ordinary replicated
+    tensors. The training graphs read parameters through the layers' own submodules, so they
+    see the whole parameters FSDP2 gathers for each layer's forward.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (group.world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, ignored_params=keep_whole)
+    fully_shard(model, mesh=mesh, ignored_params=keep_whole)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The full value of a possibly sharded (DTensor) tensor; a collective when sharded."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def assign_whole(parameter: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy a full ``value`` into a possibly sharded parameter (each process keeps its slice)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(parameter, DTensor):
+        value = distribute_tensor(value.to(parameter.dtype), parameter.device_mesh,
+                                  parameter.placements)  # fmt: skip
+    parameter.copy_(value)

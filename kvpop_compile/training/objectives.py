@@ -2,9 +2,9 @@
 
 ``ScorerObjective`` (mode ``scorer``): the frozen LLM is its own teacher; each attention runs
 the training graph (full attention, future-attention target, scorer loss). ``DistillObjective``
-(mode ``distill``): a frozen copy of the LLM is the teacher; the LLM itself is fine-tuned as a
-student whose attention sees only what the running top-k keeps, with KL to the teacher's top
-logits, plus the scorer loss.
+(mode ``distill``): the frozen LLM is the teacher; a copy of it is fine-tuned as a student
+whose attention sees only what the running top-k keeps, with KL to the teacher's top logits,
+plus the scorer loss; the tuned weights are written back into the LLM when training ends.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..passes.insert_future_attention_target import insert_future_attention_targ
 from ..passes.remove_dead_code import remove_dead_code
 from ..passes.replace_attention_for_distillation import replace_attention_for_distillation
 from ..runtime.scorer_loss import LossKind
+from .distributed import ProcessGroup, assign_whole, shard_student, whole
 
 
 class GraphAttention(nn.Module):
@@ -132,12 +133,24 @@ class ScorerObjective:
     def parameters(self) -> list[nn.Parameter]:
         return [p for s in self.scorers for p in s.parameters()]
 
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """Parameters every process holds whole, whose gradients the trainer averages."""
+        return self.parameters()
+
     def extra_state(self) -> dict:
-        """Trained tensors besides the scorers' (none: the LLM is frozen)."""
+        """Trained tensors besides the scorers' (none: the LLM is frozen). Every process calls
+        it (gathering a sharded tensor is a collective)."""
         return {}
 
     def load_extra_state(self, state: dict) -> None:
         pass
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer's state for a checkpoint; every process calls it."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
 
     def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         for teacher in self.teachers:
@@ -148,51 +161,89 @@ class ScorerObjective:
 
 
 class DistillObjective(ScorerObjective):
-    """Fine-tune the LLM under the running-top-k mask with KL to a frozen full-attention
-    teacher's top logits, and train the scorers on the teacher's target."""
+    """Fine-tune a copy of the LLM (the student) under the running-top-k mask with KL to the
+    frozen LLM's top logits (the teacher), and train the scorers on the teacher's target. With
+    several processes the student is sharded with FSDP2; the scorers stay replicated."""
 
     def __init__(self, model, config, loss, tau, *, trainable: Sequence[str] | None,
-                 kl_top: int, kl_weight: float):  # fmt: skip
+                 kl_top: int, kl_weight: float, group: ProcessGroup):  # fmt: skip
         super().__init__(model, config, loss, tau)
         self.trainable, self.kl_top, self.kl_weight = trainable, kl_top, kl_weight
+        self.group = group
 
     def __enter__(self):
-        teacher_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.teachers = self._stack.enter_context(
-            teacher_attention(teacher_model, self.config, self.loss, self.tau)
-        )
-        self.teacher_model = teacher_model
-        self.scorers = [t.kvpop_scorer_loss.scorer for t in self.teachers]
-        self._stack.enter_context(student_attention(self.model, self.config, self.scorers))
-        self.model.eval()  # no dropout; gradients still flow
-        self.tuned = {
-            name: p for name, p in self.model.named_parameters()
-            if self.trainable is None or any(part in name for part in self.trainable)
-        }  # fmt: skip
-        if not self.tuned:
+        self.student = copy.deepcopy(self.model)  # before the teacher's graphs are swapped in
+        super().__enter__()
+        self._stack.enter_context(student_attention(self.student, self.config, self.scorers))
+        self.student.eval().requires_grad_(False)  # no dropout; gradients still flow
+        scorer_parameters = set(super().parameters())
+        names = [
+            name for name, p in self.student.named_parameters()
+            if p not in scorer_parameters
+            and (self.trainable is None or any(part in name for part in self.trainable))
+        ]  # fmt: skip
+        if not names:
             raise ValueError(f"no model parameter name contains any of {list(self.trainable)}")
-        self.model.requires_grad_(False)
-        for parameter in self.tuned.values():
+        self.sharded = self.group.world > 1
+        if self.sharded:
+            shard_student(self.student, self.group, keep_whole=scorer_parameters)
+        parameters = dict(self.student.named_parameters())  # FSDP2 made new parameter objects
+        self.tuned = {name: parameters[name] for name in names}
+        for parameter in (*scorer_parameters, *self.tuned.values()):
             parameter.requires_grad_(True)
         return self
+
+    def __exit__(self, error_type, *error):
+        if error_type is None:  # a run that failed leaves the model as it was
+            with torch.no_grad():
+                model = dict(self.model.named_parameters())
+                for name, parameter in self.tuned.items():
+                    model[name].copy_(whole(parameter.detach()))
+        return super().__exit__(error_type, *error)
 
     def parameters(self) -> list[nn.Parameter]:
         return [*super().parameters(), *self.tuned.values()]
 
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        # FSDP2 reduces the sharded student's gradients itself.
+        return super().parameters() if self.sharded else self.parameters()
+
     def extra_state(self) -> dict:
-        return {name: p.detach().clone() for name, p in self.tuned.items()}
+        return {name: whole(p.detach()).clone() for name, p in self.tuned.items()}
 
     def load_extra_state(self, state: dict) -> None:
         with torch.no_grad():
             for name, tensor in state.items():
-                self.tuned[name].copy_(tensor)
+                assign_whole(self.tuned[name], tensor)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Keyed by parameter name and gathered whole, so a run resumes under any number of
+        processes."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        return get_optimizer_state_dict(self.student, optimizer, options=options)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.student, optimizer, state, options=options)
 
     def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         for teacher in self.teachers:
             teacher.records.clear()
-        teacher_logits = self.teacher_model(input_ids=input_ids, use_cache=False).logits
+        # Not under no_grad: the scorers' loss is computed inside the teacher's forward. The
+        # teacher's own weights are frozen, so its activations are not kept.
+        teacher_logits = self.model(input_ids=input_ids, use_cache=False).logits
         scorer_loss, accuracy = _scorer_loss(self.teachers)
-        student_logits = self.model(input_ids=input_ids, use_cache=False).logits
+        student_logits = self.student(input_ids=input_ids, use_cache=False).logits
         kl = top_logit_kl(teacher_logits.detach(), student_logits, self.kl_top)
         loss = scorer_loss + self.kl_weight * kl
         metrics = {"loss": loss.detach(), "accuracy": accuracy, "kl": kl.detach()}

@@ -150,9 +150,11 @@ def train_scorer(
     models) and packed into sequences of ``seq_len`` tokens. Writes ``checkpoint.pt`` and the
     final ``scorer/`` folder to ``output_dir``.
 
-    ``mode="distill"`` also fine-tunes the model in place (the parameters whose names contain
-    one of ``trainable``, or all) under the running-top-k mask, with KL to a frozen copy's top
-    ``kl_top`` logits weighted by ``kl_weight``; save it with ``save_pretrained`` afterwards.
+    ``mode="distill"`` also fine-tunes the model (the parameters whose names contain one of
+    ``trainable``, or all): a copy runs under the running-top-k mask with KL to the frozen
+    model's top ``kl_top`` logits weighted by ``kl_weight``, sharded with FSDP2 when several
+    processes run; its weights are written into ``model`` at the end (save it with
+    ``save_pretrained`` afterwards).
     """
     _check_model(model, config)
     loss = LossKind(loss)
@@ -175,7 +177,7 @@ def train_scorer(
     checkpoint = _load_checkpoint(output / CHECKPOINT, settings) if resume else None
     if mode == "distill":
         objective = DistillObjective(model, config, loss, tau, trainable=trainable,
-                                     kl_top=kl_top, kl_weight=kl_weight)  # fmt: skip
+                                     kl_top=kl_top, kl_weight=kl_weight, group=group)  # fmt: skip
     else:
         objective = ScorerObjective(model, config, loss, tau)
 
@@ -192,7 +194,7 @@ def train_scorer(
                 for scorer, state in zip(scorers, checkpoint["scorers"], strict=True):
                     scorer.load_state_dict(state)
                 objective.load_extra_state(checkpoint["extra"])
-                optimizer.load_state_dict(checkpoint["optimizer"])
+                objective.load_optimizer_state(optimizer, checkpoint["optimizer"])
                 start = checkpoint["step"]
                 report.history = list(checkpoint["history"])
             batches = _Batches(len(train), batch_size, seed)
@@ -202,7 +204,7 @@ def train_scorer(
                 step_loss, metrics = objective(train[group.shard(batches.rows(step))])
                 optimizer.zero_grad(set_to_none=True)
                 step_loss.backward()
-                group.average_gradients(parameters)
+                group.average_gradients(objective.replicated_parameters())
                 optimizer.step()
                 record = {"step": step + 1}
                 record.update({k: group.mean(v).item() for k, v in metrics.items()})
@@ -212,14 +214,17 @@ def train_scorer(
                 if done % eval_every == 0 or done == steps:
                     evaluation = _evaluate(objective, held_out, batch_size)
                     report.evaluations.append({"step": done, **evaluation})
-                if (done % checkpoint_every == 0 or done == steps) and group.is_main:
+                if done % checkpoint_every == 0 or done == steps:
+                    # Every process gathers (sharded tensors need all); the main one writes.
                     state = {
                         "format": CHECKPOINT_FORMAT, "settings": settings, "step": done,
                         "scorers": [s.state_dict() for s in scorers],
                         "extra": objective.extra_state(),
-                        "optimizer": optimizer.state_dict(), "history": report.history,
+                        "optimizer": objective.optimizer_state(optimizer),
+                        "history": report.history,
                     }  # fmt: skip
-                    atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))
+                    if group.is_main:
+                        atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))
             description = describe(
                 config,
                 num_layers=len(scorers),

@@ -1,0 +1,24 @@
+"""Shared settings for the training tests: a small budget, real text, a short run."""
+
+import inspect
+import json
+import logging
+
+from tiny_models import tiny_qwen3
+
+import kvpop_compile as kc
+from kvpop_compile.training import train_scorer
+
+CONFIG = kc.KVpopConfig(sinks=2, window=8, topk=16, scorer="memory")
+TEXTS = [inspect.getsource(module) for module in (json, inspect, logging)]
+
+
+def run(tmp_path, steps, model=None, **overrides):
+    """``train_scorer`` on a fresh tiny Qwen3 (or ``model``) for ``steps`` steps."""
+    settings = dict(
+        steps=steps, seq_len=96, batch_size=2, eval_every=5, checkpoint_every=3, lr=3e-3,
+        progress=False,
+    )  # fmt: skip
+    settings.update(overrides)
+    model = tiny_qwen3() if model is None else model
+    return train_scorer(model, TEXTS, CONFIG, output_dir=tmp_path, **settings)
