@@ -12,6 +12,7 @@ included), and not the weights or libraries every path shares.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import statistics
@@ -71,6 +72,34 @@ def measure(fn: Callable[[], object], *, warmup: int, repeats: int, calls: int =
     return Timing(tuple(samples))
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A call's timing and, where measured, its peak memory in bytes (the largest of its runs)."""
+
+    timing: Timing
+    peak_bytes: int | None = None
+
+
+def interleave(
+    calls: dict, *, repeats: int, calls_per_run: int = 1, peak: bool = False
+) -> dict[object, Measured]:
+    """Time ``repeats`` runs of ``calls_per_run`` calls of every entry of ``calls``, round-robin:
+    run r of each entry before run r + 1 of any, so that a slow spell on a shared machine falls
+    on all of them alike and their ratios hold. With ``peak``, each run's peak memory too."""
+    if repeats < 1:
+        raise ValueError(f"need repeats >= 1, got {repeats}")
+    samples: dict[object, list[float]] = {key: [] for key in calls}
+    peaks: dict[object, int | None] = dict.fromkeys(calls)
+    for _ in range(repeats):
+        for key, fn in calls.items():
+            with PeakMemory() if peak else contextlib.nullcontext() as memory:
+                samples[key] += measure(fn, warmup=0, repeats=1, calls=calls_per_run).samples
+            run_peak = memory.settle() if peak else None  # the call's outputs are freed by now
+            if run_peak is not None:
+                peaks[key] = max(run_peak, peaks[key] or 0)
+    return {key: Measured(Timing(tuple(samples[key])), peaks[key]) for key in calls}
+
+
 def _status_kib(field_name: str) -> int:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.MULTILINE).group(1))
@@ -96,25 +125,35 @@ def peak_memory_supported() -> bool:
 
 
 class PeakMemory:
-    """Peak resident memory of a region, in bytes, above what stays resident after it.
+    """Peak resident memory of a region, in bytes.
 
-    ``with PeakMemory() as peak: ...`` resets the peak; call :meth:`settle` once the region's
-    objects are freed. ``peak.bytes`` is ``None`` where the peak cannot be read (not Linux).
+    ``with PeakMemory() as peak: ...`` resets the peak on entry. :meth:`growth` is the peak above
+    the resident size at entry; :meth:`settle`, called once the region's objects are freed, the
+    peak above what stays resident. Both are ``None`` where the peak cannot be read (not Linux).
     """
 
     def __init__(self):
         self.supported = peak_memory_supported()
+        self.start_kib: int | None = None
         self.peak_kib: int | None = None
         self.bytes: int | None = None
 
     def __enter__(self) -> PeakMemory:
         if self.supported:
+            _release_free_heap()
+            self.start_kib = _status_kib("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")
         return self
 
     def __exit__(self, *exc) -> None:
         if self.supported:
             self.peak_kib = _status_kib("VmHWM")
+
+    def growth(self) -> int | None:
+        """The peak above the resident size when the region began."""
+        if self.peak_kib is None:
+            return None
+        return max(0, self.peak_kib - self.start_kib) * 1024
 
     def settle(self) -> int | None:
         """Record the peak above the resident size now (call after freeing the region's data)."""

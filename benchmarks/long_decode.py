@@ -34,7 +34,7 @@ from .harness import (
     Target,
     Timing,
     context_label,
-    measure,
+    interleave,
     mib,
     qwen3_model,
     table,
@@ -196,23 +196,19 @@ class Run:
         return self.results[STATIC, n].timing.median / self.results[path, n].timing.median
 
 
-def _measure_path(path: DecodePath, n: int, settings: Settings) -> Result:
-    step = path.start(n)
-    for _ in range(settings.warmup):  # compilation, allocator and thread-pool warm-up
-        step()
-    kv_bytes = path.kv_bytes()
-    with PeakMemory() as peak:
-        timing = measure(step, warmup=0, repeats=settings.repeats, calls=settings.steps)
-    path.stop()
-    del step
-    return Result(timing, kv_bytes, peak.settle())
+def _transient_bytes(step: Callable[[], object], calls: int) -> int | None:
+    """The most memory ``calls`` decode steps allocate above what is resident before them."""
+    with PeakMemory() as memory:
+        for _ in range(calls):
+            step()
+    return memory.growth()
 
 
 def _paths(settings: Settings, folder: Path) -> list[DecodePath]:
     max_positions = 2 * max(*settings.contexts, settings.kvpop.capacity)
     build = dict(layers=settings.layers, vocab=settings.vocab, max_positions=max_positions)
     generator = torch.Generator().manual_seed(0)
-    margin = settings.warmup + settings.repeats * settings.steps + 1
+    margin = settings.warmup + (settings.repeats + 1) * settings.steps + 1  # steps per context
     paths: list[DecodePath] = []
     if DYNAMIC in settings.paths or STATIC in settings.paths:
         baseline = qwen3_model(settings.shape, **build)
@@ -236,14 +232,26 @@ def _eager_step(model):
 
 
 def run(settings: Settings) -> Section:
-    """Measure every path at every context; contexts outermost, so that a slow spell on a
-    shared machine hits all paths of one context alike."""
+    """Measure every path at every context. All paths hold their caches at once and their
+    timed runs alternate (:func:`~benchmarks.harness.interleave`)."""
     record = Run(settings)
     with tempfile.TemporaryDirectory() as folder, torch.no_grad():
         paths = _paths(settings, Path(folder))
         for n in settings.contexts:
+            steps = {path.name: path.start(n) for path in paths}
+            for step in steps.values():  # compilation, allocator and thread-pool warm-up
+                for _ in range(settings.warmup):
+                    step()
+            transient = {
+                name: _transient_bytes(step, settings.steps) for name, step in steps.items()
+            }
+            measured = interleave(steps, repeats=settings.repeats, calls_per_run=settings.steps)
             for path in paths:
-                record.results[path.name, n] = _measure_path(path, n, settings)
+                kv_bytes, extra = path.kv_bytes(), transient[path.name]
+                peak = None if extra is None else kv_bytes + extra
+                record.results[path.name, n] = Result(measured[path.name].timing, kv_bytes, peak)
+                path.stop()
+            del steps
     return _report(record)
 
 
@@ -287,8 +295,10 @@ def _report(record: Run) -> Section:
             "them; KVpop's cache holds what its policy keeps after N tokens, so each timed step "
             "evicts) instead of generating N tokens, which would take hours on a CPU — then "
             f"{settings.warmup} untimed steps (compilation happens there) and {settings.repeats} "
-            f"timed runs of {settings.steps} decode steps. The context grows by those steps "
-            "only. Static caches are sized for them (`max_cache_len` = N + steps taken).\n\n"
+            f"timed runs of {settings.steps} decode steps, the paths' runs alternating so that "
+            "a slow spell on a shared machine falls on all of them alike. The context grows by "
+            "those steps only. Static caches are sized for them (`max_cache_len` = N + steps "
+            "taken).\n\n"
             "Latency: ms per token, median ± half the range of the runs, and in brackets the "
             "speed relative to the static cache under `torch.compile` at the same N (> 1x: "
             "faster)."
@@ -296,9 +306,10 @@ def _report(record: Run) -> Section:
         tables=[
             latency,
             "Memory, MiB: KV cache bytes (all the cache's tensors; KVpop's include positions, "
-            "priorities, the window's pre-RoPE keys and the scorer state) / peak resident "
-            "memory while decoding above what stays resident once the cache is freed "
-            "(weights excluded; transients such as the dynamic cache's copy on growth included).",
+            "priorities, the window's pre-RoPE keys and the scorer state) / peak: the cache "
+            f"bytes plus the most resident memory {settings.steps} decode steps add above what "
+            "is resident before them (transients such as the dynamic cache's copy when it "
+            "grows; the weights, shared by all paths, are not counted).",
             memory,
         ],
         data={
@@ -333,7 +344,12 @@ def _plot(record: Run, paths: list[str], out: Path, *, latency: bool) -> bool:
     if latency:
         return line_plot(out, "Decode step", "tokens in context", "ms / token", series, logy=True)
     return line_plot(
-        out, "Decode memory", "tokens in context", "peak MiB above resident", series, logy=True
+        out,
+        "Decode memory",
+        "tokens in context",
+        "peak MiB (cache + transients)",
+        series,
+        logy=True,
     )
 
 

@@ -24,7 +24,7 @@ from kvpop_compile.runtime import (
 )
 
 from .cache_fill import fill_bounded_state
-from .harness import SHAPES, Section, Target, Timing, context_label, measure, table
+from .harness import SHAPES, Section, Target, Timing, context_label, interleave, table
 
 KVPOP, PLAIN = "KVpop step", "plain step"
 SCORE, EVICT = "scorer update + score", "evict"
@@ -126,16 +126,15 @@ class ModelStep:
 
 
 def run(settings: Settings, model: ModelStep | None = None) -> Section:
-    """Time both steps (eager, and compiled if asked)."""
+    """Time the two steps and the policy's parts (eager, and compiled if asked), interleaved."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         steps = _steps(settings, generator)
-        timings = {
-            key: measure(
-                step, warmup=settings.warmup, repeats=settings.repeats, calls=settings.steps
-            )
-            for key, step in steps.items()
-        }
+        for step in steps.values():  # compilation and warm-up
+            for _ in range(settings.warmup):
+                step()
+        measured = interleave(steps, repeats=settings.repeats, calls_per_run=settings.steps)
+    timings = {key: m.timing for key, m in measured.items()}
     return _report(settings, timings, model)
 
 

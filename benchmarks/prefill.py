@@ -9,6 +9,7 @@ attention under the eviction mask in query blocks, then the cache filled with wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -17,10 +18,10 @@ from kvpop_compile.runtime import build_scorer
 
 from .harness import (
     SHAPES,
-    PeakMemory,
+    Measured,
     Section,
-    Timing,
     context_label,
+    interleave,
     measure,
     mib,
     qwen3_model,
@@ -63,12 +64,6 @@ QUICK = Settings(
 )
 
 
-@dataclass
-class Result:
-    timing: Timing
-    peak_bytes: int | None
-
-
 def _prefills(settings: Settings):
     """``{name: prefill(input_ids)}`` for the two models (same weights)."""
     max_positions = 2 * max(*settings.lengths, settings.kvpop.capacity)
@@ -84,7 +79,7 @@ def _prefills(settings: Settings):
 def run(settings: Settings) -> Section:
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, settings.vocab, (1, max(settings.lengths)), generator=generator)
-    results: dict[tuple[str, int], Result] = {}
+    results: dict[tuple[str, int], Measured] = {}
     with torch.no_grad():
         prefills = _prefills(settings)
         for prefill in prefills.values():
@@ -92,16 +87,15 @@ def run(settings: Settings) -> Section:
             measure(lambda: prefill(warm), warmup=settings.warmup, repeats=1)  # noqa: B023
         for n in settings.lengths:
             ids = prompt[:, :n]
-            for name, prefill in prefills.items():
-                with PeakMemory() as peak:
-                    # The output and the cache it fills are freed after each call.
-                    timing = measure(lambda: prefill(ids), warmup=0, repeats=settings.repeats)  # noqa: B023
-                results[name, n] = Result(timing, peak.settle())
+            # Each call's output and the cache it fills are freed before the next.
+            calls = {name: partial(prefill, ids) for name, prefill in prefills.items()}
+            measured = interleave(calls, repeats=settings.repeats, peak=True)
+            results.update({(name, n): m for name, m in measured.items()})
         results[SCORER, settings.lengths[-1]] = _measure_scorer(settings, generator)
     return _report(settings, results)
 
 
-def _measure_scorer(settings: Settings, generator: torch.Generator) -> Result:
+def _measure_scorer(settings: Settings, generator: torch.Generator) -> Measured:
     """The scorer's parallel form alone, for one layer at the longest N: the part of a KVpop
     prefill that a full-attention prefill does not have, besides the eviction steps."""
     shape = SHAPES[settings.shape]
@@ -110,14 +104,11 @@ def _measure_scorer(settings: Settings, generator: torch.Generator) -> Result:
     n = settings.lengths[-1]
     raw_k, v = torch.randn(2, 1, kv_heads, n, head_dim, generator=generator)
     window = settings.kvpop.window
-    with PeakMemory() as peak:
-        timing = measure(
-            lambda: scorer.score_sequence(raw_k, v, window), warmup=0, repeats=settings.repeats
-        )
-    return Result(timing, peak.settle())
+    call = partial(scorer.score_sequence, raw_k, v, window)
+    return interleave({SCORER: call}, repeats=settings.repeats, peak=True)[SCORER]
 
 
-def _report(settings: Settings, results: dict[tuple[str, int], Result]) -> Section:
+def _report(settings: Settings, results: dict[tuple[str, int], Measured]) -> Section:
     names = (FULL_ATTENTION, KVPOP)
     rows = []
     for n in settings.lengths:

@@ -21,7 +21,17 @@ from kvpop_compile.runtime import (
     masked_attention,
 )
 
-from .harness import MiB, PeakMemory, Section, Target, Timing, context_label, measure, mib, table
+from .harness import (
+    Measured,
+    MiB,
+    Section,
+    Target,
+    context_label,
+    interleave,
+    measure,
+    mib,
+    table,
+)
 from .plots import Series, line_plot
 
 TRANSPOSED, DENSE, ATTENTION = "transposed target", "dense target", "attention forward (SDPA)"
@@ -62,12 +72,6 @@ QUICK = Settings(
 )
 
 
-@dataclass
-class Result:
-    timing: Timing
-    peak_bytes: int | None
-
-
 def _inputs(settings: Settings, n: int, generator: torch.Generator):
     """``q (1, Hq, N, D)``, ``k, v (1, Hkv, N, D)`` and the forward's ``lse (1, Hq, N)``."""
     q = torch.randn(1, settings.query_heads, n, settings.head_dim, generator=generator)
@@ -93,15 +97,15 @@ def _calls(settings: Settings, n: int, generator: torch.Generator) -> dict:
 
 def run(settings: Settings) -> Section:
     generator = torch.Generator().manual_seed(0)
-    results: dict[tuple[str, int], Result] = {}
+    results: dict[tuple[str, int], Measured] = {}
     with torch.no_grad():
         for call in _calls(settings, settings.lengths[0], generator).values():
             measure(call, warmup=settings.warmup, repeats=1)  # thread pools, allocator, caches
         for n in settings.lengths:
-            for name, call in _calls(settings, n, generator).items():
-                with PeakMemory() as peak:
-                    timing = measure(call, warmup=0, repeats=settings.repeats)
-                results[name, n] = Result(timing, peak.settle())
+            measured = interleave(
+                _calls(settings, n, generator), repeats=settings.repeats, peak=True
+            )
+            results.update({(name, n): m for name, m in measured.items()})
     return _report(settings, results)
 
 
@@ -112,7 +116,7 @@ def _cell(results, name: str, n: int, *, memory: bool) -> str:
     return f"{mib(result.peak_bytes)}" if memory else result.timing.seconds()
 
 
-def _report(settings: Settings, results: dict[tuple[str, int], Result]) -> Section:
+def _report(settings: Settings, results: dict[tuple[str, int], Measured]) -> Section:
     lengths = settings.lengths
     header = ["N", *FUNCTIONS, "transposed / attention"]
     rows, memory_rows = [], []
