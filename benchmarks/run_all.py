@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -76,6 +77,29 @@ def run_families(families: list[str], quick: bool) -> list[Section]:
     return list(sections.values())
 
 
+def _commit() -> str:
+    """The repository's commit, with a mark when the tree differs from it; '' outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f"commit {commit}{' with local changes' if dirty.strip() else ''}, "
+
+
 def _environment(load_before: tuple[float, ...]) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -88,7 +112,7 @@ def _environment(load_before: tuple[float, ...]) -> str:
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else ()
     load = " → ".join(f"{value[0]:.2f}" for value in (load_before, load_after) if value)
     return (
-        f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; torch "
+        f"{_commit()}{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; torch "
         f"{torch.__version__}, transformers {transformers.__version__}, Python "
         f"{platform.python_version()}. 1-minute load average at start → end: {load}."
     )
