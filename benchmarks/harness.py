@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
 MiB = 2**20
 
 # Qwen3 layer shapes: Qwen3-0.6B's attention and MLP, and a tiny one for --quick.
@@ -219,9 +222,6 @@ class Section:
 def qwen3_model(shape: str, *, layers: int, vocab: int, max_positions: int, seed: int = 0):
     """A Qwen3 with ``SHAPES[shape]`` layers and random weights, in eval mode. The same ``seed``
     gives the same weights, so a baseline and a transformed copy compute the same function."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {', '.join(SHAPES)}; got {shape!r}")
     torch.manual_seed(seed)
