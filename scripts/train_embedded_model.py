@@ -314,8 +314,8 @@ different kind of text (licence header, module docstring, imports). To isolate t
 context, the same last {BUCKET} bytes of each sequence were also scored *alone*, with no earlier
 text: accuracy {alone["accuracy"]:.3f} and NLL {alone["nll"]:.3f} without the first
 {late["positions"][0]} bytes, against {late["accuracy"]:.3f} and {late["nll"]:.3f} with them. The
-difference is what the model takes from context more than {BUCKET} bytes back (identifiers, names
-and idioms seen earlier in the file), which is the part a bounded cache can lose.
+difference is what the model takes from text more than {BUCKET} bytes back (identifiers, names
+and idioms seen earlier in the file): the part a bounded cache can lose.
 """
 
 

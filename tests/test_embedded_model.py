@@ -1,0 +1,107 @@
+"""The shipped byte-level Qwen3 and its standard-library corpus split."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+
+from kvpop_compile.embedded import EMBEDDED_MODEL, load_embedded_model
+from kvpop_compile.embedded.corpus import (
+    decode,
+    encode,
+    is_held_out,
+    list_files,
+    read_bytes,
+    split_files,
+)
+
+# The per-byte entropy of the training corpus's byte frequencies is 3.16 nats: a model that uses
+# no context at all cannot beat it on average, and uniform guessing costs log(256) = 5.55.
+CONTEXT_FREE_NLL = 3.16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_embedded_model()
+
+
+@pytest.fixture(scope="module")
+def recorded_split():
+    return json.loads((EMBEDDED_MODEL / "split.json").read_text())
+
+
+def test_checkpoint_loads_with_transformers_and_has_documented_shapes():
+    hf = AutoModelForCausalLM.from_pretrained(EMBEDDED_MODEL)
+    assert isinstance(hf, Qwen3ForCausalLM)
+    c = hf.config
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size) == (256, 256, 512)
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (4, 4, 2)
+    assert c.head_dim == 64 and c.max_position_embeddings >= 2048
+    assert c.tie_word_embeddings
+    assert sum(p.numel() for p in hf.parameters()) == 2_427_648
+
+
+def test_loader_returns_eval_model_in_requested_dtype(model):
+    assert isinstance(model, Qwen3ForCausalLM) and not model.training
+    assert next(model.parameters()).dtype == torch.float32
+    half = load_embedded_model(dtype=torch.bfloat16)
+    assert next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_split_is_deterministic_and_disjoint():
+    train, held_out = split_files()
+    assert (train, held_out) == split_files()
+    assert not set(train) & set(held_out)
+    assert sorted(train + held_out) == list_files()
+    # The rule needs no list: a fixed path lands on a fixed side everywhere.
+    path = "collections/__init__.py"
+    digest = int(hashlib.sha256(path.encode()).hexdigest(), 16)
+    assert is_held_out(path) == (digest % 10 == 0)
+    assert 0.05 < len(held_out) / (len(train) + len(held_out)) < 0.15
+    assert not any(part in {"test", "tests"} for f in train for part in f.split("/")[:-1])
+
+
+def test_split_matches_the_recorded_one_for_files_present(recorded_split):
+    present = set(list_files())
+    held = set(recorded_split["held_out"])
+    assert not held & set(recorded_split["train"])
+    for name in present & (held | set(recorded_split["train"])):
+        assert is_held_out(name) == (name in held), name
+
+
+def test_held_out_text_is_predicted_far_better_than_without_context(model, recorded_split):
+    present = set(list_files())
+    names = [f for f in recorded_split["held_out"] if f in present]
+    if not names:
+        pytest.skip("none of the recorded held-out files is in this Python's standard library")
+    data = b"".join(read_bytes(f) for f in names)[:1025]
+    ids = encode(data)[None]  # (1, 1025)
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, :-1]).logits  # (1, 1024, 256)
+    nll = torch.nn.functional.cross_entropy(logits[0], ids[0, 1:]).item()
+    assert nll < CONTEXT_FREE_NLL - 1.0 < math.log(256)
+
+
+def test_byte_tokens_round_trip():
+    text = "def f(x):\n    return 'π'\n"
+    ids = encode(text)
+    assert ids.dtype == torch.int64 and int(ids.max()) < 256
+    assert decode(ids) == text
+    with pytest.raises(ValueError, match="0..255"):
+        decode(torch.tensor([0, 256]))
+
+
+def test_missing_or_corrupt_folder_gives_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_embedded_model(path=tmp_path / "absent")
+    (tmp_path / "config.json").write_text((EMBEDDED_MODEL / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="lacks model.safetensors"):
+        load_embedded_model(path=tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="could not be loaded"):
+        load_embedded_model(path=tmp_path)
