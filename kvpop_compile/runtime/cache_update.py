@@ -13,6 +13,18 @@ import torch
 from .eviction import enters_pool, weakest_slot
 
 
+def _rows(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index tensors ``(B, 1)`` and ``(1, H)`` that address one row per (batch, head) of a
+    ``(B, H, ...)`` cache tensor. Updates go through ``index_put_`` with them, which Inductor
+    performs in place on the cache; a ``scatter_`` or ``index_copy_`` into the cache is compiled
+    as a copy of the whole cache every step."""
+    batch, heads = cache.shape[:2]
+    return (
+        torch.arange(batch, device=cache.device)[:, None],
+        torch.arange(heads, device=cache.device)[None, :],
+    )
+
+
 def evict_into_pool_(
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -47,21 +59,22 @@ def evict_into_pool_(
     old_position = pool_positions.gather(2, weakest)
     new_priority = priority.unsqueeze(-1).to(priorities.dtype)
     new_position = leaving_position.unsqueeze(-1)
-    wins = enters_pool(new_priority, new_position, old_priority, old_position)
-    slot = weakest + sinks  # (B, H, 1) cache slot of the weakest pool entry
+    wins = enters_pool(new_priority, new_position, old_priority, old_position)  # (B, H, 1)
+    rows = _rows(keys)
+    at_slot = (*rows, (weakest + sinks).squeeze(-1))  # (B, H) indices of the weakest slot
+    keep = wins.squeeze(-1)  # (B, H)
 
-    def overwrite(tensor: torch.Tensor, new: torch.Tensor) -> None:
-        per_slot = tensor.dim() == 3
-        index = slot if per_slot else slot.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1])
-        keep = wins if per_slot else wins.unsqueeze(-1)
-        tensor.scatter_(2, index, torch.where(keep, new.to(tensor.dtype), tensor.gather(2, index)))
+    def overwrite(tensor: torch.Tensor, new: torch.Tensor, index=at_slot) -> None:
+        old = tensor[index]  # (B, H) or (B, H, D)
+        condition = keep if old.dim() == 2 else keep.unsqueeze(-1)
+        tensor.index_put_(index, torch.where(condition, new.to(tensor.dtype), old))
 
-    overwrite(keys, leaving_key.unsqueeze(2))
-    overwrite(values, leaving_value.unsqueeze(2))
-    overwrite(positions, new_position)
+    overwrite(keys, leaving_key)
+    overwrite(values, leaving_value)
+    overwrite(positions, leaving_position)
     if statistic.shape[-1]:
-        overwrite(statistic, leaving_statistic.unsqueeze(-1))
-    priorities.scatter_(2, weakest, torch.where(wins, new_priority, old_priority))
+        overwrite(statistic, leaving_statistic)
+    overwrite(priorities, priority, index=(*rows, weakest.squeeze(-1)))
 
 
 def window_slot(seen: torch.Tensor, sinks: int, topk: int, window: int):
@@ -87,10 +100,12 @@ def write_new_token_(
     """Write the token at position ``seen`` (``key, raw_key, value (B, H, 1, D)``), in place:
     into sink slot ``seen`` while ``seen < sinks``, otherwise into its window ring slot."""
     ring, ring_slot = window_slot(seen, sinks, topk, window)
-    slot = torch.where(seen < sinks, seen, ring_slot).view(1)
-    keys.index_copy_(2, slot, key.to(keys.dtype))
-    values.index_copy_(2, slot, value.to(values.dtype))
-    positions.index_copy_(2, slot, seen.expand(*positions.shape[:2], 1))
-    window_keys.index_copy_(2, ring.view(1), raw_key.to(window_keys.dtype))
+    slot = torch.where(seen < sinks, seen, ring_slot)
+    rows = _rows(keys)
+    at_slot, at_ring = (*rows, slot.view(1, 1)), (*rows, ring.view(1, 1))  # (B, H) each
+    keys.index_put_(at_slot, key[:, :, 0].to(keys.dtype))
+    values.index_put_(at_slot, value[:, :, 0].to(values.dtype))
+    positions.index_put_(at_slot, seen.expand(*positions.shape[:2]))
+    window_keys.index_put_(at_ring, raw_key[:, :, 0].to(window_keys.dtype))
     if statistic.shape[-1]:
-        statistic.index_fill_(2, slot, 0.0)
+        statistic.index_put_(at_slot, torch.zeros((), dtype=statistic.dtype, device=keys.device))
