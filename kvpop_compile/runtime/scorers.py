@@ -42,13 +42,16 @@ def token_features(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _per_head_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """``x (B, H, ..., in) @ weight (H, in, out) + bias (H, out)``, a separate map per head."""
-    extra = x.dim() - 3
-    w = weight.view(1, weight.shape[0], *([1] * extra), *weight.shape[1:])
-    y = (x.unsqueeze(-2) @ w).squeeze(-2)
+    """``x (B, H, ..., in) @ weight (H, in, out) + bias (H, out)``, a separate map per head.
+
+    One batched matmul over heads on ``(B, H, M, in)``; broadcasting ``weight`` against the
+    token dims instead would copy each head's matrix once per token."""
+    batch, heads, *middle, width = x.shape
+    rows = x.reshape(batch, heads, -1, width)
+    y = torch.einsum("bhmi,hio->bhmo", rows, weight)
     if bias is not None:
-        y = y + bias.view(1, bias.shape[0], *([1] * extra), bias.shape[-1])
-    return y
+        y = y + bias.view(1, heads, 1, bias.shape[-1])
+    return y.reshape(batch, heads, *middle, weight.shape[-1])
 
 
 class PerHeadMLP(nn.Module):
