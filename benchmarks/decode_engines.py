@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+if __package__ in (None, ""):  # run as a script: make the repository's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import kvpop_compile as kc
+import torch  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-SHAPES = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16),
-    "qwen3-0.6b layers": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
-                              num_key_value_heads=8, head_dim=128),
-}  # fmt: skip
+import kvpop_compile as kc  # noqa: E402
+from benchmarks.harness import SHAPES as LAYER_SHAPES  # noqa: E402
+
+SHAPES = {"tiny": LAYER_SHAPES["tiny"], "qwen3-0.6b layers": LAYER_SHAPES["qwen3-0.6b"]}
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -80,24 +80,17 @@ def run_families(families: list[str], quick: bool) -> list[Section]:
 def _commit() -> str:
     """The repository's commit, with a mark when the tree differs from it; '' outside git."""
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, text=True, capture_output=True, check=True)
+        return done.stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return ""
-    return f"commit {commit}{' with local changes' if dirty.strip() else ''}, "
+    return f"commit {commit}{' with local changes' if dirty else ''}, "
 
 
 def _environment(load_before: tuple[float, ...]) -> str:

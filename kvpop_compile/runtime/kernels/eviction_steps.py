@@ -27,6 +27,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..eviction import BoundaryDecisions
+from ..eviction import _eviction_steps as _reference_eviction_steps
 
 BLOCK_TOKENS = 32
 BLOCK_CANDIDATES = 32
@@ -120,14 +121,12 @@ def _rows(priority: torch.Tensor) -> torch.Tensor:
 def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
     """Triton version of :func:`kvpop_compile.runtime.eviction.eviction_steps` (inputs already
     checked): ``priority (..., N)`` float -> ``(..., N)`` int64 eviction steps."""
-    *lead, n = priority.shape
+    n = priority.shape[-1]
     first = min(sinks, n)
-    steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     if topk == 0 or n == first or priority.numel() == 0:
-        if n > first:  # no pool: a token leaves the cache when it leaves the window
-            local = torch.arange(first, n, device=priority.device)
-            steps[..., first:] = (local + window).clamp(max=n)
-        return steps
+        # No pool or nothing past the sinks: closed forms, no sweep to run.
+        return _reference_eviction_steps(priority, sinks, window, topk)
+    steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     rows = _rows(priority)
     grid = (rows.shape[0], triton.cdiv(n - first, BLOCK_TOKENS))
     wrap_triton(_eviction_steps_kernel)[grid](
