@@ -17,6 +17,43 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .evaluation import EvalSettings, evaluate, write_report
+
+    out = Path(args.out)
+    if args.report_only:
+        saved = out / "quality.json"
+        if not saved.is_file():
+            raise FileNotFoundError(
+                f"{saved} not found: run kvpop-compile eval without --report-only first"
+            )
+        result = write_report(json.loads(saved.read_text()), out, plots=not args.no_plots)
+    else:
+        from .embedded import load_embedded_model
+
+        model = load_embedded_model(path=args.model)
+        if model.config.vocab_size != 256:
+            raise ValueError(
+                f"--model {args.model}: the benchmark's sequences are UTF-8 bytes, so it needs a "
+                f"byte-level model (vocab_size 256), got vocab_size {model.config.vocab_size}"
+            )
+        settings = EvalSettings(
+            batch=args.batch, protocols=tuple(args.protocols), prompt_length=args.prompt_length,
+            threads=args.threads,
+        )  # fmt: skip
+        name = args.model or "the embedded model"
+        result = evaluate(
+            model, out, sequences=args.sequences, policies=args.policies, budgets=args.budgets,
+            settings=settings, scorer_root=args.scorers, model_name=name, plots=not args.no_plots,
+        )  # fmt: skip
+    print(result["document"])
+    print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM
 
@@ -84,6 +121,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scorer", default="window", help="policy (default window)")
     demo.add_argument("--seed", type=int, default=0, help="model initialisation seed")
     demo.set_defaults(run=_demo)
+
+    evaluator = commands.add_parser(
+        "eval", help="quality benchmark: every policy against full attention on held-out text"
+    )
+    from .evaluation import BUDGETS, POLICIES, PROMPT_LENGTH, PROTOCOLS
+
+    evaluator.add_argument("--sequences", type=int, default=64, help="held-out sequences (64)")
+    evaluator.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    evaluator.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
+    evaluator.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
+    evaluator.add_argument(
+        "--prompt-length", type=int, default=PROMPT_LENGTH,
+        help=f"prompt of the continuation and compression protocols ({PROMPT_LENGTH})",
+    )  # fmt: skip
+    evaluator.add_argument("--batch", type=int, default=16, help="sequences per forward (16)")
+    evaluator.add_argument("--model", help="byte-level Qwen3 folder (default: the embedded one)")
+    evaluator.add_argument("--scorers", help="trained scorers, <policy>-<capacity>/ folders")
+    evaluator.add_argument("--out", default="benchmarks/results", help="results folder")
+    evaluator.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    evaluator.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
+    evaluator.add_argument(
+        "--report-only", action="store_true",
+        help="rewrite quality.md and the plots from the saved quality.json (and kvpress.json)",
+    )  # fmt: skip
+    evaluator.set_defaults(run=_eval)
 
     exporter = commands.add_parser("export", help="transform a local Qwen3 and export an engine")
     exporter.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")

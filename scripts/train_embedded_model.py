@@ -2,6 +2,8 @@
 
     python scripts/train_embedded_model.py                     # ~40 min of training, 2 threads
     python scripts/train_embedded_model.py --minutes 0.5 --out /tmp/x   # smoke run
+    python scripts/train_embedded_model.py --init kvpop_compile/embedded/qwen3-stdlib --seed 1
+                                                               # continue from a checkpoint
 
 Writes a Hugging Face folder (``config.json``, ``model.safetensors``) with ``split.json`` and
 ``MODEL_CARD.md``; the folder is assembled beside ``--out`` and renamed into place when complete.
@@ -78,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=EMBEDDED_MODEL, help="output model folder")
     p.add_argument("--minutes", type=float, default=40.0, help="training time budget")
     p.add_argument("--steps", type=int, default=None, help="fixed step count instead of time")
+    p.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="continue from this model folder (its recipe.json is carried into the new card)",
+    )
     p.add_argument("--long-fraction", type=float, default=0.25, help="share at 2048 tokens")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
@@ -236,8 +244,38 @@ def command_line(argv: list[str]) -> str:
     return " ".join(["python scripts/train_embedded_model.py", *argv])
 
 
-def model_card(args, argv, config, n_params, files, done, report, stats) -> str:
+def recipe_table(runs: list[dict]) -> str:
+    """The runs that made the checkpoint, in order, as a markdown table."""
+    rows = [
+        "| run | command | seed | peak lr | steps at 512 / 2048 | tokens | minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(runs, 1):
+        rows.append(
+            f"| {i} | `{r['command']}` | {r['seed']} | {r['lr']:g} | "
+            f"{r['steps_short']} / {r['steps_long']} | {r['tokens']:,} | {r['minutes']:.1f} |"
+        )
+    return "\n".join(rows)
+
+
+def this_run(args, argv, done: Progress) -> dict:
+    return {
+        "command": command_line(argv),
+        "seed": args.seed,
+        "lr": args.lr,
+        "long_fraction": args.long_fraction,
+        "steps_short": done.steps_short,
+        "steps_long": done.steps_long,
+        "tokens": done.tokens,
+        "minutes": round(done.seconds / 60, 2),
+    }
+
+
+def model_card(args, config, n_params, files, runs, report, stats) -> str:
     train_files, held_files = files
+    recipe = recipe_table(runs)
+    total_tokens = sum(r["tokens"] for r in runs)
+    total_minutes = sum(r["minutes"] for r in runs)
     rows = "\n".join(
         f"| {b['positions'][0]}-{b['positions'][1]} | {b['nll']:.3f} | {b['accuracy']:.3f} |"
         for b in report["buckets"]
@@ -281,21 +319,17 @@ held-out files ({stats["held_bytes"]:,} bytes). Held-out files were never traine
 
 ## Recipe
 
-```
-{command_line(argv)}
-```
+{recipe}
 
-Seed {args.seed}; float32 on CPU with {args.threads} threads (torch {torch.__version__},
-transformers {transformers.__version__}). AdamW (betas 0.9/0.95, weight decay
-{args.weight_decay} on matrices), peak lr {args.lr:g}, linear warmup over {args.warmup:.0%} of
-the run, cosine decay to {args.min_lr_ratio:g}x, gradient clipping at 1.0; {args.batch_tokens}
+Each run: float32 on CPU, AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices,
+none on norms), linear warmup over {args.warmup:.0%} of the run to the peak learning rate,
+cosine decay to {args.min_lr_ratio:g}x of it, gradient clipping at 1.0, {args.batch_tokens}
 tokens per step. Training windows start at random offsets in the training files concatenated in
-a seeded order. The first {1 - args.long_fraction:.0%} of the run uses {SHORT_LEN}-byte windows,
-the rest {LONG_LEN}-byte windows.
-
-Ran {done.steps_short} steps at {SHORT_LEN} and {done.steps_long} steps at {LONG_LEN}:
-{done.tokens:,} training tokens ({done.tokens / stats["train_bytes"]:.2f} epochs) in
-{done.seconds / 60:.1f} minutes of training.
+an order seeded by the run's seed; a run trains on {SHORT_LEN}-byte windows first and on
+{LONG_LEN}-byte windows for its last share (`long_fraction`), so that the model works at its
+full context. Last run on torch {torch.__version__}, transformers {transformers.__version__}.
+In all: {total_tokens:,} training tokens ({total_tokens / stats["train_bytes"]:.2f} epochs) in
+{total_minutes:.1f} minutes of training.
 
 ## Held-out evaluation
 
@@ -319,7 +353,7 @@ and idioms seen earlier in the file): the part a bounded cache can lose.
 """
 
 
-def save(model, out: Path, card: str, split: dict) -> None:
+def save(model, out: Path, card: str, split: dict, runs: list[dict]) -> None:
     """Write the folder beside ``out`` and rename it into place (replacing an old one)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -327,6 +361,7 @@ def save(model, out: Path, card: str, split: dict) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "split.json").write_text(json.dumps(split, indent=1) + "\n")
         (tmp / "MODEL_CARD.md").write_text(card)
+        (tmp / "recipe.json").write_text(json.dumps(runs, indent=1) + "\n")
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{int(time.time())}"
@@ -356,8 +391,21 @@ def main(argv: list[str] | None = None) -> None:
     }
     log(f"{len(train_files)} train files ({stats['train_bytes']:,} B), {len(held_files)} held out")
 
-    config = Qwen3Config(**MODEL_SHAPE)
-    model = Qwen3ForCausalLM(config)
+    runs: list[dict] = []
+    if args.init is not None:
+        recipe = args.init / "recipe.json"
+        if not recipe.is_file():
+            raise FileNotFoundError(
+                f"--init {args.init}: no recipe.json there; continue only from a folder this "
+                "script wrote, so that the model card can list every run that made it"
+            )
+        runs = json.loads(recipe.read_text())
+        model = Qwen3ForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        config = model.config
+        log(f"continuing from {args.init} ({len(runs)} earlier run(s))")
+    else:
+        config = Qwen3Config(**MODEL_SHAPE)
+        model = Qwen3ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{n_params:,} parameters; training for {args.steps or f'{args.minutes} min'}")
 
@@ -378,8 +426,9 @@ def main(argv: list[str] | None = None) -> None:
         "train": train_files,
         "held_out": held_files,
     }
-    card = model_card(args, argv, config, n_params, (train_files, held_files), done, report, stats)
-    save(model, args.out, card, split)
+    runs.append(this_run(args, argv, done))
+    card = model_card(args, config, n_params, (train_files, held_files), runs, report, stats)
+    save(model, args.out, card, split, runs)
     log(f"saved {args.out}")
 
 

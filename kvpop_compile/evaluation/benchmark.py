@@ -1,0 +1,158 @@
+"""``kvpop-compile eval``: run every method over the held-out sequences and keep per-sequence sums.
+
+For each method (:mod:`.methods`) and each sequence this records, as sums so that any subset of
+sequences can be pooled (and bootstrapped) exactly:
+
+- ``teacher_forced``: correct predictions, NLL and their count over all targets, and the same
+  over the long-range targets (:mod:`.long_range`);
+- ``continuation``: greedy tokens after the prompt that equal full attention's, and where the
+  first difference falls (the continuation's length if none);
+- ``compression``: the prompt-compression protocol's correct/NLL sums, all and long-range.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from tqdm.auto import tqdm
+
+from .. import __version__
+from .data import PROMPT_LENGTH, Sequence
+from .long_range import long_range_targets
+from .methods import WINDOW, Method, build_model
+from .protocols import Scores, compressed_prompt, greedy_continuation, teacher_forced
+
+PROTOCOLS = ("teacher_forced", "continuation", "compression")
+MEMORY_EVERY = 64  # record the cache's bytes every this many generated tokens
+
+
+@dataclass
+class EvalSettings:
+    batch: int = 16  # sequences per forward
+    protocols: tuple[str, ...] = PROTOCOLS
+    prompt_length: int = PROMPT_LENGTH
+    threads: int | None = None
+
+
+def _sums(scores: Scores, long_range: torch.Tensor) -> dict[str, list[float]]:
+    """Per-sequence sums over all targets and over the long-range ones ((B, T) mask)."""
+    correct, nll = scores.correct.double(), scores.nll.double()
+    lr = long_range.double()
+    return {
+        "correct": correct.sum(1).tolist(),
+        "nll": nll.sum(1).tolist(),
+        "count": [float(correct.shape[1])] * correct.shape[0],
+        "lr_correct": (correct * lr).sum(1).tolist(),
+        "lr_nll": (nll * lr).sum(1).tolist(),
+        "lr_count": lr.sum(1).tolist(),
+    }
+
+
+def _extend(into: dict, part: dict) -> None:
+    for key, values in part.items():
+        into.setdefault(key, []).extend(values)
+
+
+def _first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> list[float]:
+    differs = tokens != reference  # (B, T)
+    steps = tokens.shape[1]
+    index = torch.where(
+        differs.any(1),
+        differs.float().argmax(1),
+        torch.full_like(differs[:, 0], steps, dtype=torch.float),
+    )
+    return index.tolist()
+
+
+def run_eval(
+    original: nn.Module,
+    sequences: list[Sequence],
+    methods: list[Method],
+    *,
+    settings: EvalSettings | None = None,
+    scorer_root: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Run ``methods`` (the first must be full attention) over ``sequences``; a JSON-ready dict."""
+    settings = settings or EvalSettings()
+    unknown = set(settings.protocols) - set(PROTOCOLS)
+    if unknown:
+        raise ValueError(f"protocols must be among {', '.join(PROTOCOLS)}; got {sorted(unknown)}")
+    if not methods or methods[0].policy is not None:
+        raise ValueError("the first method must be full attention (the reference)")
+    if not sequences:
+        raise ValueError("no sequences to evaluate")
+    lengths = {s.ids.numel() for s in sequences}
+    if len(lengths) != 1:
+        raise ValueError(f"sequences must have one length, got {sorted(lengths)}")
+    length = lengths.pop() - 1
+    if not 0 < settings.prompt_length < length - 1:
+        raise ValueError(f"prompt_length must be in 1..{length - 2}, got {settings.prompt_length}")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    ids = torch.stack([s.ids for s in sequences])  # (S, L + 1)
+    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
+    batches = [slice(i, i + settings.batch) for i in range(0, len(sequences), settings.batch)]
+    steps = length - settings.prompt_length
+    record_at = set(range(settings.prompt_length + MEMORY_EVERY, length + 1, MEMORY_EVERY))
+    work = len(methods) * len(batches) * len(settings.protocols)
+    bar = tqdm(total=work, disable=not progress, desc="kvpop-compile eval", unit="run")
+    results, reference = {}, None
+    started = time.perf_counter()
+    for method in methods:
+        bar.set_postfix_str(method.name)
+        model = build_model(original, method, scorer_root)
+        record: dict = {"policy": method.policy, "budget": method.budget}
+        for protocol in settings.protocols:
+            sums: dict = {}
+            generated = []
+            memory: dict[int, int] = {}
+            for rows in batches:
+                if protocol == "teacher_forced":
+                    _extend(sums, _sums(teacher_forced(model, ids[rows]), long_range[rows]))
+                elif protocol == "compression":
+                    scores = compressed_prompt(original, model, ids[rows], settings.prompt_length)
+                    _extend(sums, _sums(scores, long_range[rows, settings.prompt_length :]))
+                else:
+                    run = greedy_continuation(
+                        model, ids[rows, : settings.prompt_length], steps, record_at=record_at
+                    )
+                    generated.append(run.tokens)
+                    if not memory:  # bytes per sequence, from the first batch
+                        rows_in_batch = run.tokens.shape[0]
+                        memory = {n: b // rows_in_batch for n, b in run.cache_bytes.items()}
+                bar.update()
+            if protocol == "continuation":
+                tokens = torch.cat(generated)
+                if method.policy is None:
+                    reference = tokens
+                sums = {
+                    "agree": (tokens == reference).double().sum(1).tolist(),
+                    "count": [float(steps)] * tokens.shape[0],
+                    "first_difference": _first_difference(tokens, reference),
+                    "cache_bytes": {str(n): b for n, b in sorted(memory.items())},
+                }
+            record[protocol] = sums
+        results[method.name] = record
+    bar.close()
+    return {
+        "sequences": [s.source for s in sequences],
+        "length": length,
+        "prompt_length": settings.prompt_length,
+        "long_range_window": WINDOW,
+        "protocols": list(settings.protocols),
+        "methods": results,
+        "seconds": time.perf_counter() - started,
+        "versions": {
+            "kvpop_compile": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+    }

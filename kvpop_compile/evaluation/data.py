@@ -1,0 +1,62 @@
+"""The quality benchmark's sequences: windows of held-out standard-library files.
+
+Held-out files (see :mod:`kvpop_compile.embedded.corpus`) were never trained on. Each file
+gives up to ``per_file`` consecutive windows of ``length + 1`` bytes (inputs and their next-byte
+targets), taken from its start; files shorter than one window give none. Files are visited in
+sorted order, so the same arguments give the same sequences on every machine with the same
+standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..embedded.corpus import encode, read_bytes, split_files
+
+SEQUENCE_LENGTH = 2048
+"""Tokens per benchmark sequence (the embedded model's context)."""
+PROMPT_LENGTH = 1536
+"""Prompt tokens in the continuation and prompt-compression protocols; the rest is scored."""
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One benchmark sequence: ``ids`` is (length + 1,) int64 byte tokens of ``source``."""
+
+    source: str  # relative path of the held-out file, with the window's byte offset
+    ids: torch.Tensor
+
+
+def held_out_sequences(
+    count: int | None = None,
+    length: int = SEQUENCE_LENGTH,
+    per_file: int = 2,
+    root: str | Path | None = None,
+) -> list[Sequence]:
+    """Up to ``count`` sequences (all when None) of ``length + 1`` held-out bytes."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(f"count must be a positive integer or None, got {count!r}")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an integer >= 2, got {length!r}")
+    if isinstance(per_file, bool) or not isinstance(per_file, int) or per_file < 1:
+        raise ValueError(f"per_file must be a positive integer, got {per_file!r}")
+    _, held_out = split_files(root)
+    sequences = []
+    for name in held_out:
+        data = read_bytes(name, root)
+        # Consecutive windows share one byte: the last target of one is the first input of the
+        # next, so no byte of the file between them goes unscored.
+        for w in range(per_file):
+            start = w * length
+            if start + length + 1 > len(data):
+                break
+            window = data[start : start + length + 1]
+            sequences.append(Sequence(f"{name}@{start}", encode(window)))
+            if count is not None and len(sequences) == count:
+                return sequences
+    if not sequences:
+        raise RuntimeError(f"no held-out file is longer than {length} bytes")
+    return sequences

@@ -1,0 +1,153 @@
+"""The benchmark's three ways of running a model over a sequence.
+
+- :func:`teacher_forced`: the whole sequence in one forward; a transformed model's bounded
+  cache runs through all of it (each query sees only what the policy still holds at its step).
+- :func:`greedy_continuation`: greedy generation after a prompt, token by token.
+- :func:`compressed_prompt`: the prompt-compression protocol. The policy runs over the prompt
+  and leaves its bounded cache; the next tokens are then scored with full attention over that
+  cache plus themselves (nothing of theirs is evicted), as prompt-compression methods do.
+
+All take ``ids`` of shape (B, L + 1) byte tokens, batched in rows of equal length.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..kv_cache import KVpopCache
+
+
+@dataclass
+class Scores:
+    """Per-target results: ``correct`` (B, T) bool (argmax == target), ``nll`` (B, T) float32."""
+
+    correct: torch.Tensor
+    nll: torch.Tensor
+
+
+def _score(logits: torch.Tensor, targets: torch.Tensor) -> Scores:
+    logits = logits.float()
+    nll = -torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    return Scores(logits.argmax(-1) == targets, nll)
+
+
+def _is_transformed(model: nn.Module) -> bool:
+    return getattr(model, "kvpop_config", None) is not None
+
+
+def _new_cache(model: nn.Module):
+    if _is_transformed(model):
+        return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
+    return DynamicCache(config=model.config)
+
+
+def cache_bytes(cache) -> int:
+    """Bytes a cache holds: a KVpopCache's fixed buffers, a DynamicCache's keys and values."""
+    if isinstance(cache, KVpopCache):
+        return cache.nbytes
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+
+@torch.no_grad()
+def teacher_forced(model: nn.Module, ids: torch.Tensor) -> Scores:
+    """Scores of targets ``ids[:, 1:]`` from one forward over ``ids[:, :-1]``: (B, L) each."""
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    if _is_transformed(model):
+        logits = model(input_ids=inputs, cache=_new_cache(model), use_cache=True).logits
+    else:
+        logits = model(input_ids=inputs, use_cache=False).logits
+    return _score(logits, targets)
+
+
+@dataclass
+class Continuation:
+    """``tokens`` (B, steps) generated greedily; ``cache_bytes`` maps tokens in context to the
+    bytes the cache held then; ``seconds`` is the wall time of prompt and generation."""
+
+    tokens: torch.Tensor
+    cache_bytes: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@torch.no_grad()
+def greedy_continuation(
+    model: nn.Module, prompt: torch.Tensor, steps: int, *, record_at=(), on_step=None
+) -> Continuation:
+    """Generate ``steps`` tokens greedily after ``prompt`` (B, P) with the model's own cache
+    (a KVpop cache for a transformed model, transformers' full cache otherwise).
+
+    ``record_at``: context lengths at which to record the cache's size; ``on_step()`` is called
+    after each token (a progress bar's update).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    start = time.perf_counter()
+    cache = _new_cache(model)
+    batch, length = prompt.shape
+    logits = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1]
+    tokens, sizes = [], {}
+    for step in range(steps):
+        token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+        tokens.append(token)
+        if on_step is not None:
+            on_step()
+        if step == steps - 1:
+            break
+        position = torch.full((batch, 1), length + step, dtype=torch.long)
+        logits = model(input_ids=token, position_ids=position, cache=cache, use_cache=True).logits[
+            :, -1
+        ]
+        if length + step + 1 in record_at:
+            sizes[length + step + 1] = cache_bytes(cache)
+    return Continuation(torch.cat(tokens, dim=1), sizes, time.perf_counter() - start)
+
+
+def bounded_cache_as_dynamic(cache: KVpopCache, config) -> DynamicCache:
+    """The keys and values a filled KVpop cache holds, as a transformers ``DynamicCache``.
+
+    Slot order does not matter to attention: every cached token precedes the tokens that
+    follow, and keys carry their position through RoPE. Raises ``ValueError`` if a slot is
+    empty (the prompt was shorter than the capacity).
+    """
+    dynamic = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        state = layer.state
+        if bool((state.positions < 0).any()):
+            raise ValueError(
+                f"layer {index}'s KVpop cache has empty slots: the prompt must be longer than "
+                f"the capacity {config.capacity}"
+            )
+        dynamic.update(state.keys, state.values, index)
+    return dynamic
+
+
+@torch.no_grad()
+def compressed_prompt(
+    original: nn.Module, model: nn.Module, ids: torch.Tensor, prompt_length: int
+) -> Scores:
+    """Prompt-compression scores: targets ``ids[:, prompt_length + 1:]``, (B, L - prompt_length).
+
+    ``model`` (transformed, or ``original`` itself for full attention) runs over the prompt
+    ``ids[:, :prompt_length]``; ``original`` then reads ``ids[:, prompt_length:-1]`` at their
+    positions over the cache the prompt left.
+    """
+    batch, total = ids.shape
+    if not 0 < prompt_length < total - 1:
+        raise ValueError(f"prompt_length must be in 1..{total - 2}, got {prompt_length}")
+    prompt, inputs, targets = (
+        ids[:, :prompt_length],
+        ids[:, prompt_length:-1],
+        ids[:, prompt_length + 1 :],
+    )
+    cache = _new_cache(model)
+    model(input_ids=prompt, cache=cache, use_cache=True)
+    if _is_transformed(model):
+        cache = bounded_cache_as_dynamic(cache, model.kvpop_config)
+    positions = torch.arange(prompt_length, total - 1).expand(batch, -1)
+    logits = original(input_ids=inputs, position_ids=positions, cache=cache, use_cache=True).logits
+    return _score(logits, targets)

@@ -1,0 +1,189 @@
+"""Summaries of a benchmark run: pooled means with 95% bootstrap intervals, tables and plots.
+
+A pooled figure is a ratio of sums over sequences (e.g. correct / count), so sequences with
+more long-range targets weigh more there. Its interval resamples *sequences* with replacement
+(percentile bootstrap, seeded); retention resamples the method and full attention with the
+same draw, so their shared per-sequence difficulty cancels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .methods import BUDGETS, FULL
+
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A pooled figure and its 95% interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def format(self, scale: float = 1.0, digits: int = 3) -> str:
+        v, lo, hi = (x * scale for x in (self.value, self.low, self.high))
+        return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _draws(n: int, seed: int = 0) -> torch.Tensor:
+    """(RESAMPLES, n) sequence indices drawn with replacement, the same for every figure."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (RESAMPLES, n), generator=generator)
+
+
+def _ratio(num, den, ref_num=None, ref_den=None) -> Estimate:
+    """``sum(num) / sum(den)``, divided by the reference's when given, with its interval."""
+    num, den = torch.tensor(num, dtype=torch.float64), torch.tensor(den, dtype=torch.float64)
+    draws = _draws(num.numel())
+
+    def stat(n, d):
+        return n.sum(-1) / d.sum(-1)
+
+    value, boot = stat(num, den), stat(num[draws], den[draws])
+    if ref_num is not None:
+        rn = torch.tensor(ref_num, dtype=torch.float64)
+        rd = torch.tensor(ref_den, dtype=torch.float64)
+        value, boot = value / stat(rn, rd), boot / stat(rn[draws], rd[draws])
+    low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return Estimate(float(value), low, high)
+
+
+FIGURES = {
+    # figure: (protocol, numerator, denominator, relative to full attention)
+    "accuracy": ("teacher_forced", "correct", "count", False),
+    "retention": ("teacher_forced", "correct", "count", True),
+    "nll": ("teacher_forced", "nll", "count", False),
+    "lr_accuracy": ("teacher_forced", "lr_correct", "lr_count", False),
+    "lr_retention": ("teacher_forced", "lr_correct", "lr_count", True),
+    "agreement": ("continuation", "agree", "count", False),
+    "first_difference": ("continuation", "first_difference", None, False),
+    "compression_accuracy": ("compression", "correct", "count", False),
+    "compression_retention": ("compression", "correct", "count", True),
+    "compression_lr_accuracy": ("compression", "lr_correct", "lr_count", False),
+    "compression_lr_retention": ("compression", "lr_correct", "lr_count", True),
+}
+
+
+def summarize(results: dict) -> dict[str, dict[str, Estimate]]:
+    """Method name -> figure name -> estimate, for the figures its protocols allow."""
+    methods = results["methods"]
+    full = methods[FULL]
+    summary = {}
+    for name, record in methods.items():
+        figures = {}
+        for figure, (protocol, num, den, relative) in FIGURES.items():
+            if protocol not in record:
+                continue
+            data = record[protocol]
+            denominator = data[den] if den else [1.0] * len(data[num])
+            if relative:
+                ref = full[protocol]
+                figures[figure] = _ratio(data[num], denominator, ref[num], ref[den])
+            else:
+                figures[figure] = _ratio(data[num], denominator)
+        summary[name] = figures
+    return summary
+
+
+def _cell(figures: dict, figure: str, scale: float = 1.0, digits: int = 3) -> str:
+    return figures[figure].format(scale, digits) if figure in figures else "—"
+
+
+def _label(record: dict) -> tuple[str, str]:
+    if record["policy"] is None:
+        return FULL, "0%"
+    return record["policy"], record["budget"]
+
+
+def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -> str:
+    """The benchmark's tables: teacher-forced (all and long-range), continuation, compression."""
+    methods = results["methods"]
+    lines = [
+        "| method | compression | top-1 accuracy | retention % | NLL (nats/byte) | "
+        "long-range accuracy | long-range retention % | continuation agreement % | "
+        "first difference (tokens) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, record in methods.items():
+        f = summary[name]
+        policy, budget = _label(record)
+        lines.append(
+            f"| {policy} | {budget} | {_cell(f, 'accuracy')} | {_cell(f, 'retention', 100, 1)} | "
+            f"{_cell(f, 'nll')} | {_cell(f, 'lr_accuracy')} | {_cell(f, 'lr_retention', 100, 1)} "
+            f"| {_cell(f, 'agreement', 100, 1)} | {_cell(f, 'first_difference', 1, 0)} |"
+        )
+    if not any("compression" in r for r in methods.values()):
+        return "\n".join(lines) + "\n"
+    lines += [
+        "",
+        "Prompt compression: the first "
+        f"{results['prompt_length']} tokens compressed to the budget, the next "
+        f"{results['length'] - results['prompt_length']} scored.",
+        "",
+        "| method | compression | top-1 accuracy | retention % | long-range accuracy | "
+        "long-range retention % |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = [(_label(r), summary[n]) for n, r in methods.items() if "compression" in r]
+    for name, figures in (kvpress or {}).items():
+        rows.append(((f"kvpress {name[0]}", name[1]), figures))
+    for (policy, budget), f in rows:
+        lines.append(
+            f"| {policy} | {budget} | {_cell(f, 'compression_accuracy')} | "
+            f"{_cell(f, 'compression_retention', 100, 1)} | "
+            f"{_cell(f, 'compression_lr_accuracy')} | "
+            f"{_cell(f, 'compression_lr_retention', 100, 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def budget_compression(budget: str) -> float:
+    """The compression a budget label names, as a fraction (``"88%"`` -> 0.875)."""
+    return 1.0 - BUDGETS[budget] / (BUDGETS["75%"] * 4)
+
+
+def summarize_kvpress(kvpress: dict, results: dict) -> tuple[dict, list[str]]:
+    """Figures for the kvpress presses, relative to this run's full attention (prompt
+    compression), on the sequences both runs share. Returns ``({(press, budget): figures},
+    notes)``; a press that failed gives a note instead of figures."""
+    if "compression" not in results["methods"][FULL]:
+        return {}, ["kvpress: not compared (this run did not include the compression protocol)"]
+    ours = {source: i for i, source in enumerate(results["sequences"])}
+    full = results["methods"][FULL]["compression"]
+    summary, notes = {}, []
+    for press, budgets in kvpress.get("results", {}).items():
+        for budget, data in budgets.items():
+            if "error" in data:
+                notes.append(f"kvpress {press} at {budget}: failed: {data['error']}")
+                continue
+            rows = [r for r in data["per_sequence"] if r["source"] in ours]
+            if not rows:
+                notes.append(f"kvpress {press} at {budget}: no sequence in common with this run")
+                continue
+            index = [ours[r["source"]] for r in rows]
+            scored = results["length"] - results["prompt_length"]
+            num = [r["accuracy"] * scored for r in rows]
+            den = [float(scored)] * len(rows)
+            lr_num = [float(r["long_range_correct"]) for r in rows]
+            lr_den = [float(r["long_range_count"]) for r in rows]
+            keys = ("correct", "count", "lr_correct", "lr_count")
+            ref = {k: [full[k][i] for i in index] for k in keys}
+            summary[(press, budget)] = {
+                "compression_accuracy": _ratio(num, den),
+                "compression_retention": _ratio(num, den, ref["correct"], ref["count"]),
+                "compression_lr_accuracy": _ratio(lr_num, lr_den),
+                "compression_lr_retention": _ratio(
+                    lr_num, lr_den, ref["lr_correct"], ref["lr_count"]
+                ),
+            }
+            if len(rows) < len(ours):
+                notes.append(
+                    f"kvpress {press} at {budget}: {len(rows)} of this run's {len(ours)} "
+                    "sequences (its run had fewer)"
+                )
+    return summary, notes

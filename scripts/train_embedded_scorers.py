@@ -1,0 +1,140 @@
+"""Train the embedded model's KVpop scorers (``memory`` and ``mlp``) for the quality benchmark.
+
+    python scripts/train_embedded_scorers.py                          # all four, ~1 h on 2 cores
+    python scripts/train_embedded_scorers.py --policies memory --capacities 256 --steps 2 \\
+        --out /tmp/scorers                                            # smoke run
+
+Each scorer is trained with :func:`kvpop_compile.train_scorer` (the model frozen, the boundary
+loss against the future-attention target) on the embedded model's *training* files only, at the
+benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% compression of
+2048 tokens) or 256 (88%). Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
+``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
+copied there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kvpop_compile as kc  # noqa: E402
+from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E402
+from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
+from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
+from kvpop_compile.evaluation.methods import (  # noqa: E402
+    BUDGETS,
+    EMBEDDED_SCORERS,
+    budget_config,
+    scorer_folder,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policies", nargs="+", default=["memory", "mlp"], choices=["memory", "mlp"])
+    p.add_argument(
+        "--capacities", nargs="+", type=int, default=sorted(BUDGETS.values(), reverse=True)
+    )
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--eval-sequences", type=int, default=24, help="held-out sequences")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
+    p.add_argument("--work", type=Path, default=Path("scorer-runs"), help="checkpoints")
+    return p.parse_args(argv)
+
+
+def training_texts(sequences: int, seed: int) -> list[str]:
+    """Training-split files in a seeded order, enough bytes for ``sequences`` packed windows."""
+    train, _ = split_files()
+    order = list(train)
+    random.Random(seed).shuffle(order)
+    texts, total = [], 0
+    for name in order:
+        text = read_bytes(name).decode("utf-8", errors="replace")
+        texts.append(text)
+        total += len(text.encode())
+        if total >= (sequences + 1) * SEQUENCE_LENGTH:
+            break
+    return texts
+
+
+def install(scorer: Path, target: Path, record: dict) -> None:
+    """Copy the finished scorer folder to ``target`` with ``training.json``, atomically."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        for f in scorer.iterdir():
+            shutil.copy2(f, tmp / f.name)
+        (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    train_sequences = args.steps * args.batch_size
+    total = train_sequences + args.eval_sequences
+    texts = training_texts(total, args.seed)
+    eval_fraction = args.eval_sequences / total
+    for policy in args.policies:
+        for capacity in args.capacities:
+            config = budget_config(policy, capacity)
+            model = load_embedded_model()
+            work = args.work / f"{policy}-{capacity}"
+            print(f"{policy} at capacity {capacity}: {config}", flush=True)
+            start = time.perf_counter()
+            report = kc.train_scorer(
+                model, texts, config, output_dir=work, steps=args.steps, seq_len=SEQUENCE_LENGTH,
+                batch_size=args.batch_size, lr=args.lr, eval_fraction=eval_fraction,
+                eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
+            )  # fmt: skip
+            minutes = (time.perf_counter() - start) / 60
+            record = {
+                "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),
+                "policy": policy,
+                "capacity": capacity,
+                "sinks": config.sinks,
+                "window": config.window,
+                "topk": config.topk,
+                "steps": args.steps,
+                "batch_size": args.batch_size,
+                "seq_len": SEQUENCE_LENGTH,
+                "lr": args.lr,
+                "loss": "boundary",
+                "seed": args.seed,
+                "training_files_bytes": sum(len(t.encode()) for t in texts),
+                "held_out_ranking": report.evaluations,
+                "minutes_this_run": round(minutes, 2),
+                "torch": torch.__version__,
+            }
+            install(report.scorer_path, scorer_folder(policy, capacity, args.out), record)
+            last = report.evaluations[-1] if report.evaluations else {}
+            print(
+                f"{policy}-{capacity}: held-out ranking accuracy {last.get('accuracy', 0):.3f} "
+                f"after {args.steps} steps, {minutes:.1f} min",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
