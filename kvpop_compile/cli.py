@@ -10,8 +10,10 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     result = run_demo(
-        tokens=args.tokens, capacity=args.capacity, scorer=args.scorer, seed=args.seed
-    )
+        tokens=args.tokens, prompt_tokens=args.prompt_tokens, model_path=args.model,
+        scorer=args.scorer, policy=args.policy, capacity=args.capacity,
+        image=None if args.no_image else args.image,
+    )  # fmt: skip
     for line in result.report():
         print(line)
     return 0
@@ -115,11 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvpop-compile", description="Bounded KV cache with a learned policy for Qwen3."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="show the bounded cache on a small Qwen3")
-    demo.add_argument("--tokens", type=int, default=1024, help="tokens to decode (default 1024)")
-    demo.add_argument("--capacity", type=int, default=128, help="cache slots (default 128)")
-    demo.add_argument("--scorer", default="window", help="policy (default window)")
-    demo.add_argument("--seed", type=int, default=0, help="model initialisation seed")
+    demo = commands.add_parser(
+        "demo", help="the embedded Qwen3 continuing held-out code: full cache against KVpop"
+    )
+    demo.add_argument("--tokens", type=int, default=1024, help="tokens to generate (1024)")
+    demo.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length (1024)")
+    demo.add_argument("--model", help="local Qwen3 checkpoint folder (default: the embedded one)")
+    demo.add_argument("--scorer", help="trained scorer folder (save_scorer / kvpop-compile train)")
+    demo.add_argument(
+        "--policy", help="a baseline policy instead: window, h2o, tova, knorm, random"
+    )
+    demo.add_argument("--capacity", type=int, default=256, help="baseline's capacity (256)")
+    demo.add_argument("--image", default="kvpop_demo.png", help="PNG of what the cache holds")
+    demo.add_argument("--no-image", action="store_true", help="do not draw the PNG")
     demo.set_defaults(run=_demo)
 
     evaluator = commands.add_parser(

@@ -1,144 +1,208 @@
-"""``kvpop-compile demo``: a small Qwen3 generating with a full cache and with a KVpop cache.
+"""``kvpop-compile demo``: the embedded Qwen3 continuing held-out code, full cache against KVpop.
 
-The model is built from a config with seeded random weights (nothing is downloaded). It is
-prompted with the bytes of a standard-library source file and generates greedily three times:
-with transformers' full cache, with KVpop at a budget that holds every token (the tokens must
-be the same), and with KVpop at a small budget. The report gives the cache's size as generation
-goes on, agreement with the full-cache continuation, and tokens per second.
+The model (shipped with the package, or any local Qwen3 with ``--model``) is prompted with the
+start of a held-out standard-library file and generates greedily twice: with transformers' full
+cache and with KVpop at 88% compression (the trained ``memory`` scorer shipped for the embedded
+model, or ``--scorer``/``--policy``). The report gives both caches' sizes as the context grows,
+how much of the KVpop continuation equals the full-cache one, and tokens per second; a PNG
+shows, per layer, which positions of the text the KVpop cache holds at the end.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
-import json
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+from tqdm.auto import tqdm
 
 from .config import KVpopConfig
-from .generation import new_cache
-from .kv_cache import KVpopCache
+from .embedded import EMBEDDED_MODEL, decode, load_embedded_model
+from .evaluation.data import held_out_sequences
+from .evaluation.methods import BUDGETS, budget_config, scorer_folder
+from .evaluation.protocols import Continuation, greedy_continuation
+from .scorer_io import load_scorer, saved_config
 from .transform import transform
 
-
-def tiny_qwen3_config(**overrides) -> Qwen3Config:
-    """A two-layer Qwen3 with a byte vocabulary: small enough for any CPU."""
-    settings = {
-        "vocab_size": 256,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "max_position_embeddings": 8192,
-    }
-    settings.update(overrides)
-    return Qwen3Config(**settings)
-
-
-def demo_prompt(length: int) -> torch.Tensor:
-    """``(1, length)`` byte tokens of standard-library source (``json``'s encoder)."""
-    data = inspect.getsource(json.encoder).encode()[:length]
-    return torch.tensor(list(data)).unsqueeze(0)
-
-
-def cache_bytes(cache) -> int:
-    """Bytes of KV state a cache holds: a KVpopCache's fixed buffers, or a DynamicCache's keys
-    and values."""
-    if isinstance(cache, KVpopCache):
-        return cache.nbytes
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+DEFAULT_CAPACITY = BUDGETS["88%"]
+SIZE_CHECKPOINTS = 4  # cache sizes are reported at this many points of the generation
 
 
 @dataclass
-class GenerationRun:
-    tokens: torch.Tensor  # (1, new_tokens) generated tokens
-    cache_bytes: dict[int, int] = field(default_factory=dict)  # tokens in context -> bytes
-    seconds: float = 0.0
+class Setup:
+    """What the demo runs: the model, its prompt, and the KVpop config and scorer to use."""
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens.shape[1] / self.seconds
+    model: nn.Module
+    prompt: torch.Tensor  # (1, P) token ids
+    source: str  # where the prompt comes from
+    config: KVpopConfig
+    scorer: Path | None  # trained scorer folder, None for a baseline policy
+    text: Callable[[torch.Tensor], str]  # ids (N,) -> text, for printing and the PNG
 
 
-@torch.no_grad()
-def greedy_run(model: nn.Module, prompt: torch.Tensor, new_tokens: int, cache, checkpoints):
-    """Greedy generation token by token through ``model``'s forward with ``cache``."""
-    start = time.perf_counter()
-    logits = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1]
-    generated, sizes = [], {}
-    for step in range(new_tokens):
-        token = logits.argmax(dim=-1, keepdim=True)
-        generated.append(token)
-        position = torch.tensor([[prompt.shape[1] + step]])
-        logits = model(input_ids=token, position_ids=position, cache=cache, use_cache=True).logits
-        logits = logits[:, -1]
-        if prompt.shape[1] + step + 1 in checkpoints:
-            sizes[prompt.shape[1] + step + 1] = cache_bytes(cache)
-    return GenerationRun(torch.cat(generated, dim=1), sizes, time.perf_counter() - start)
+def _load_tokenizer(folder: Path):
+    """The checkpoint's tokenizer if it has one, else None (a byte-level model)."""
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def prepare(
+    *,
+    model_path: str | Path | None = None,
+    scorer: str | Path | None = None,
+    policy: str | None = None,
+    capacity: int = DEFAULT_CAPACITY,
+    prompt_tokens: int = 1024,
+) -> Setup:
+    """Load the model and choose the policy: ``scorer`` (a trained scorer folder) if given,
+    else ``policy`` at ``capacity`` (4 sinks, window 64), else the shipped ``memory`` scorer
+    (embedded model only)."""
+    if scorer is not None and policy is not None:
+        raise ValueError("give --scorer (a trained scorer) or --policy (a baseline), not both")
+    folder = Path(model_path) if model_path is not None else EMBEDDED_MODEL
+    model = load_embedded_model(path=folder)
+    tokenizer = _load_tokenizer(folder)
+    if tokenizer is None and model.config.vocab_size != 256:
+        raise ValueError(
+            f"--model {folder}: no tokenizer files and vocab_size {model.config.vocab_size}; "
+            "the demo needs the checkpoint's tokenizer, or a byte-level model (vocab_size 256)"
+        )
+    sequence = held_out_sequences(1, length=prompt_tokens * 4)[0]  # bytes to spare for BPE
+    if tokenizer is None:
+        ids, text = sequence.ids[:prompt_tokens], decode
+    else:
+        encoded = tokenizer(decode(sequence.ids))["input_ids"]
+        ids, text = torch.tensor(encoded[:prompt_tokens]), tokenizer.decode
+    if ids.numel() < prompt_tokens:
+        raise ValueError(f"the held-out prompt has only {ids.numel()} tokens")
+    if scorer is not None:
+        config, scorer_path = saved_config(scorer), Path(scorer)
+    elif policy is not None:
+        config, scorer_path = budget_config(policy, capacity), None
+        if config.scorer.learned:
+            raise ValueError(
+                f"--policy {policy} is learned: pass its trained scorer with --scorer PATH"
+            )
+    elif model_path is None:
+        config = budget_config("memory", capacity)
+        scorer_path = scorer_folder("memory", capacity)
+        if not scorer_path.is_dir():
+            shipped = ", ".join(str(c) for c in BUDGETS.values())
+            raise FileNotFoundError(
+                f"no shipped memory scorer for capacity {capacity} (shipped: {shipped}); "
+                "use --policy for a baseline at this capacity"
+            )
+    else:
+        raise ValueError(
+            "the shipped scorers were trained for the embedded model; with --model pass "
+            "--scorer PATH (trained with `kvpop-compile train`) or --policy window|h2o|tova|"
+            "knorm|random"
+        )
+    source = sequence.source.split("@")[0]
+    return Setup(model, ids[None], source, config, scorer_path, text)
 
 
 @dataclass
 class DemoResult:
-    config: KVpopConfig
-    full: GenerationRun
-    roomy: GenerationRun  # KVpop with capacity >= every token: must equal `full`
-    bounded: GenerationRun
+    setup: Setup
+    full: Continuation
+    kvpop: Continuation
+    image: Path | None
 
-    def agreement(self, run: GenerationRun) -> float:
-        return float((run.tokens == self.full.tokens).float().mean())
+    @property
+    def agreement(self) -> float:
+        """Share of generated positions where KVpop's token equals the full cache's."""
+        return float((self.kvpop.tokens == self.full.tokens).float().mean())
+
+    @property
+    def first_difference(self) -> int:
+        differs = (self.kvpop.tokens != self.full.tokens)[0]
+        return int(differs.float().argmax()) if bool(differs.any()) else differs.numel()
 
     def report(self) -> list[str]:
-        c = self.config
+        s, c = self.setup, self.setup.config
+        generated = self.full.tokens.shape[1]
+        policy = f"trained {c.scorer.value} scorer" if s.scorer else f"{c.scorer.value} policy"
         lines = [
-            f"Small Qwen3 (random weights, 2 layers), greedy, {self.full.tokens.shape[1]} new "
-            f"tokens after a prompt from json/encoder.py.",
-            f"KVpop budget: {c.sinks} sinks + {c.window} window + {c.topk} pool = {c.capacity} "
-            f"tokens per layer and KV head, scorer {c.scorer.value}.",
+            f"Prompt: the first {s.prompt.shape[1]} tokens of {s.source} (held out: never "
+            f"trained on); {generated} tokens generated greedily.",
+            f"KVpop: {c.sinks} sinks + {c.window} window + {c.topk} pool = {c.capacity} tokens "
+            f"per layer and KV head, {policy}.",
             "",
             "KV cache bytes with N tokens in context:",
         ]
         for n, full_bytes in self.full.cache_bytes.items():
-            bounded = self.bounded.cache_bytes[n]
-            lines.append(f"  N={n:>6}: full {full_bytes:>10,d} B   KVpop {bounded:>10,d} B")
+            ratio = self.kvpop.cache_bytes[n] / full_bytes
+            lines.append(
+                f"  N={n:>6}: full {full_bytes:>12,d} B   KVpop {self.kvpop.cache_bytes[n]:>12,d} B"
+                f"  ({ratio:.0%})"
+            )
         lines += [
             "",
-            f"KVpop, budget >= all tokens: {self.agreement(self.roomy):.1%} of tokens equal "
-            "to the full-cache continuation",
-            f"KVpop, budget {c.capacity}: {self.agreement(self.bounded):.1%} equal (untrained "
-            "policy on a random model: this shows the mechanism, not quality)",
-            f"tokens/s: full {self.full.tokens_per_second:.0f}, "
-            f"KVpop {self.bounded.tokens_per_second:.0f}",
+            f"KVpop continuation: {self.agreement:.1%} of tokens equal to the full-cache one; "
+            f"identical for the first {self.first_difference} tokens.",
+            f"tokens/s (eager, batch 1): full cache {self.full.tokens_per_second:.0f}, "
+            f"KVpop {self.kvpop.tokens_per_second:.0f}",
+            "",
+            "Full cache continues:  " + _excerpt(s.text(self.full.tokens[0])),
+            "KVpop continues:       " + _excerpt(s.text(self.kvpop.tokens[0])),
         ]
+        if self.image is not None:
+            lines += ["", f"What the KVpop cache holds at the end, per layer: {self.image}"]
         return lines
 
 
+def _excerpt(text: str, limit: int = 160) -> str:
+    return repr(text[:limit])
+
+
 def run_demo(
-    tokens: int = 1024, capacity: int = 128, scorer: str = "window", seed: int = 0
+    *,
+    tokens: int = 1024,
+    prompt_tokens: int = 1024,
+    model_path: str | Path | None = None,
+    scorer: str | Path | None = None,
+    policy: str | None = None,
+    capacity: int = DEFAULT_CAPACITY,
+    image: str | Path | None = "kvpop_demo.png",
+    progress: bool = True,
 ) -> DemoResult:
-    """Generate ``tokens`` new tokens with a full cache and with KVpop at ``capacity``."""
-    if tokens < 2:
-        raise ValueError(f"tokens must be >= 2, got {tokens}")
-    if capacity < 8:
-        raise ValueError(f"capacity must be >= 8, got {capacity}")
-    window = max(1, capacity // 4)
-    sinks = min(4, capacity - window)
-    config = KVpopConfig(sinks=sinks, window=window, topk=capacity - sinks - window, scorer=scorer)
-    prompt = demo_prompt(64)
-    total = prompt.shape[1] + tokens
-    torch.manual_seed(seed)
-    original = Qwen3ForCausalLM(tiny_qwen3_config(max_position_embeddings=max(8192, total)))
-    original.eval()
-    checkpoints = sorted({max(prompt.shape[1] + 1, total * k // 4) for k in (1, 2, 4)})
-    full = greedy_run(original, prompt, tokens, DynamicCache(config=original.config), checkpoints)
-    roomy_config = KVpopConfig(sinks=sinks, window=window, topk=total, scorer=scorer)
-    roomy_model = transform(copy.deepcopy(original), roomy_config)
-    roomy = greedy_run(roomy_model, prompt, tokens, new_cache(roomy_model), checkpoints)
-    bounded_model = transform(original, config)
-    bounded = greedy_run(bounded_model, prompt, tokens, new_cache(bounded_model), checkpoints)
-    return DemoResult(config, full, roomy, bounded)
+    """Generate ``tokens`` tokens with the full cache and with KVpop; draw ``image`` if given."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
+    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
+    setup = prepare(
+        model_path=model_path, scorer=scorer, policy=policy, capacity=capacity,
+        prompt_tokens=prompt_tokens,
+    )  # fmt: skip
+    total = prompt_tokens + tokens
+    limit = setup.model.config.max_position_embeddings
+    if total > limit:
+        raise ValueError(
+            f"prompt_tokens + tokens = {total} exceeds the model's context of {limit} positions"
+        )
+    kvpop_model = transform(copy.deepcopy(setup.model), setup.config)
+    if setup.scorer is not None:
+        load_scorer(kvpop_model, setup.scorer)
+    step = max(1, tokens // SIZE_CHECKPOINTS)
+    # The last token is generated without a forward after it: the last size is at total - 1.
+    record_at = {prompt_tokens + k for k in range(step, tokens, step)} | {total - 1}
+    runs = {}
+    for name, model in (("full cache", setup.model), ("KVpop", kvpop_model)):
+        with tqdm(total=tokens, desc=name, unit="tok", disable=not progress) as bar:
+            runs[name] = greedy_continuation(
+                model, setup.prompt, tokens, record_at=record_at, on_step=bar.update
+            )
+    result = DemoResult(setup, runs["full cache"], runs["KVpop"], None)
+    if image is not None:
+        from .demo_plot import plot_kept_positions
+
+        result.image = plot_kept_positions(result, Path(image))
+    return result

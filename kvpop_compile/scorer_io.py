@@ -92,9 +92,8 @@ def save_scorer(model: nn.Module, path: str | os.PathLike) -> Path:
     return save_scorers([a.scorer for a in attentions], _describe(model), path)
 
 
-def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load scorers saved by :func:`save_scorer` into a transformed model (in place)."""
-    folder = Path(path)
+def _read_description(folder: Path) -> dict:
+    """The checked contents of a saved scorer folder's ``scorer.json``."""
     for name in (CONFIG_FILE, TENSORS_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder / name} not found: not a saved KVpop scorer folder")
@@ -109,6 +108,24 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             f"{folder / CONFIG_FILE} is not a {FORMAT} v{FORMAT_VERSION} file "
             f"(format {saved.get('format')!r}, version {saved.get('format_version')!r})"
         )
+    return saved
+
+
+def saved_config(path: str | os.PathLike) -> KVpopConfig:
+    """The :class:`KVpopConfig` a scorer folder was saved with (transform with it, then
+    :func:`load_scorer`)."""
+    folder = Path(path)
+    saved = _read_description(folder)
+    try:
+        return KVpopConfig(**saved["kvpop_config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{folder / CONFIG_FILE} holds an invalid kvpop_config: {error}") from None
+
+
+def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load scorers saved by :func:`save_scorer` into a transformed model (in place)."""
+    folder = Path(path)
+    saved = _read_description(folder)
     expected = _describe(model)
     for key in ("num_layers", "num_kv_heads", "head_dim"):
         if saved.get(key) != expected[key]:

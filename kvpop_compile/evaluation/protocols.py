@@ -67,11 +67,19 @@ def teacher_forced(model: nn.Module, ids: torch.Tensor) -> Scores:
 @dataclass
 class Continuation:
     """``tokens`` (B, steps) generated greedily; ``cache_bytes`` maps tokens in context to the
-    bytes the cache held then; ``seconds`` is the wall time of prompt and generation."""
+    bytes the cache held then; ``cache`` is the cache at the end; ``prefill_seconds`` and
+    ``decode_seconds`` are the wall times of the prompt and of the generated tokens."""
 
     tokens: torch.Tensor
+    cache: object
     cache_bytes: dict[int, int] = field(default_factory=dict)
-    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of decoding, per sequence."""
+        return self.tokens.shape[1] / self.decode_seconds
 
 
 @torch.no_grad()
@@ -90,6 +98,7 @@ def greedy_continuation(
     cache = _new_cache(model)
     batch, length = prompt.shape
     logits = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1]
+    prefilled = time.perf_counter()
     tokens, sizes = [], {}
     for step in range(steps):
         token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -104,7 +113,8 @@ def greedy_continuation(
         ]
         if length + step + 1 in record_at:
             sizes[length + step + 1] = cache_bytes(cache)
-    return Continuation(torch.cat(tokens, dim=1), sizes, time.perf_counter() - start)
+    done = time.perf_counter()
+    return Continuation(torch.cat(tokens, dim=1), cache, sizes, prefilled - start, done - prefilled)
 
 
 def bounded_cache_as_dynamic(cache: KVpopCache, config) -> DynamicCache:
