@@ -59,6 +59,7 @@ def prepare(
     policy: str | None = None,
     capacity: int = DEFAULT_CAPACITY,
     prompt_tokens: int = 1024,
+    tokens: int = 1024,
 ) -> Setup:
     """Load the model and choose the policy: ``scorer`` (a trained scorer folder) if given,
     else ``policy`` at ``capacity`` (4 sinks, window 64), else the shipped ``memory`` scorer
@@ -67,6 +68,12 @@ def prepare(
         raise ValueError("give --scorer (a trained scorer) or --policy (a baseline), not both")
     folder = Path(model_path) if model_path is not None else EMBEDDED_MODEL
     model = load_embedded_model(path=folder)
+    limit = model.config.max_position_embeddings
+    if prompt_tokens + tokens > limit:
+        raise ValueError(
+            f"prompt_tokens + tokens = {prompt_tokens + tokens} exceeds the model's context of "
+            f"{limit} positions"
+        )
     tokenizer = _load_tokenizer(folder)
     if tokenizer is None and model.config.vocab_size != 256:
         raise ValueError(
@@ -93,10 +100,10 @@ def prepare(
         config = budget_config("memory", capacity)
         scorer_path = scorer_folder("memory", capacity)
         if not scorer_path.is_dir():
-            shipped = ", ".join(str(c) for c in BUDGETS.values())
+            shipped = sorted(p.name for p in scorer_path.parent.glob("memory-*"))
             raise FileNotFoundError(
-                f"no shipped memory scorer for capacity {capacity} (shipped: {shipped}); "
-                "use --policy for a baseline at this capacity"
+                f"no shipped memory scorer for capacity {capacity} at {scorer_path} (shipped: "
+                f"{', '.join(shipped) or 'none'}); use --policy for a baseline at this capacity"
             )
     else:
         raise ValueError(
@@ -180,14 +187,9 @@ def run_demo(
         raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
     setup = prepare(
         model_path=model_path, scorer=scorer, policy=policy, capacity=capacity,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_tokens, tokens=tokens,
     )  # fmt: skip
     total = prompt_tokens + tokens
-    limit = setup.model.config.max_position_embeddings
-    if total > limit:
-        raise ValueError(
-            f"prompt_tokens + tokens = {total} exceeds the model's context of {limit} positions"
-        )
     kvpop_model = transform(copy.deepcopy(setup.model), setup.config)
     if setup.scorer is not None:
         load_scorer(kvpop_model, setup.scorer)

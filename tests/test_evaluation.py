@@ -114,16 +114,18 @@ def test_small_eval_run_writes_tables_plots_and_per_sequence_sums(small_run):
         assert record["compression"]["count"] == [64.0, 64.0]
     full = saved["methods"]["full"]
     # Long-range targets are a property of the text: the same for every method.
-    assert saved["methods"]["window @ 88%"]["teacher_forced"]["lr_count"] == full[
-        "teacher_forced"
-    ]["lr_count"]
+    assert (
+        saved["methods"]["window @ 88%"]["teacher_forced"]["lr_count"]
+        == full["teacher_forced"]["lr_count"]
+    )
     assert full["continuation"]["agree"] == [64.0, 64.0]
     summary = result["summary"]
     assert summary["full"]["retention"].value == 1.0
     assert 0.5 < summary["memory @ 88%"]["retention"].value <= 1.05
-    memory = full["continuation"]["cache_bytes"], saved["methods"]["memory @ 88%"][
-        "continuation"
-    ]["cache_bytes"]
+    memory = (
+        full["continuation"]["cache_bytes"],
+        saved["methods"]["memory @ 88%"]["continuation"]["cache_bytes"],
+    )
     assert memory[0] and memory[1] and max(memory[1].values()) < min(memory[0].values())
     document = (out / "quality.md").read_text()
     assert "| memory | 88% |" in document and "## Targets" in document
@@ -137,7 +139,7 @@ def test_report_only_rewrites_from_saved_results_and_joins_kvpress(small_run, ca
         "results": {
             "snapkv": {
                 "88%": {
-                    "per_sequence": [
+                    "sequences": [
                         {"source": s, "accuracy": 0.5, "nll": 2.0, "long_range_correct": 1,
                          "long_range_count": 4}
                         for s in result["sequences"]

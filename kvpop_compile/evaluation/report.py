@@ -15,6 +15,7 @@ import torch
 from .methods import BUDGETS, FULL
 
 RESAMPLES = 2000
+NO_PRESS = "none"  # kvpress run without compression, by benchmarks/kvpress_eval.py
 
 
 @dataclass(frozen=True)
@@ -156,17 +157,26 @@ def summarize_kvpress(kvpress: dict, results: dict) -> tuple[dict, list[str]]:
     ours = {source: i for i, source in enumerate(results["sequences"])}
     full = results["methods"][FULL]["compression"]
     summary, notes = {}, []
+    scored = results["length"] - results["prompt_length"]
     for press, budgets in kvpress.get("results", {}).items():
         for budget, data in budgets.items():
             if "error" in data:
                 notes.append(f"kvpress {press} at {budget}: failed: {data['error']}")
                 continue
-            rows = [r for r in data["per_sequence"] if r["source"] in ours]
+            rows = [r for r in data["sequences"] if r["source"] in ours]
+            if press == NO_PRESS:  # kvpress's own full attention: a check of the protocol
+                mine = sum(full["correct"][ours[r["source"]]] for r in rows)
+                theirs = sum(r["accuracy"] for r in rows) * scored
+                notes.append(
+                    f"kvpress without a press (its own full attention) predicts "
+                    f"{theirs:.0f} targets right on the shared sequences, this run's full "
+                    f"attention {mine:.0f}"
+                )
+                continue
             if not rows:
                 notes.append(f"kvpress {press} at {budget}: no sequence in common with this run")
                 continue
             index = [ours[r["source"]] for r in rows]
-            scored = results["length"] - results["prompt_length"]
             num = [r["accuracy"] * scored for r in rows]
             den = [float(scored)] * len(rows)
             lr_num = [float(r["long_range_correct"]) for r in rows]
