@@ -105,3 +105,20 @@ def test_missing_or_corrupt_folder_gives_a_clear_error(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="could not be loaded"):
         load_embedded_model(path=tmp_path)
+
+
+@pytest.mark.parametrize("policy", ["memory", "mlp"])
+@pytest.mark.parametrize("budget", ["75%", "88%"])
+def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
+    from safetensors.torch import load_file
+
+    from kvpop_compile.evaluation.methods import BUDGETS, budget_config, scorer_folder
+    from kvpop_compile.scorer_io import saved_config
+
+    folder = scorer_folder(policy, BUDGETS[budget])
+    assert saved_config(folder) == budget_config(policy, BUDGETS[budget])
+    record = json.loads((folder / "training.json").read_text())
+    assert record["policy"] == policy and record["held_out_ranking"]
+    tensors = load_file(folder / "scorer.safetensors")
+    assert {name.split(".")[1] for name in tensors} == {"0", "1", "2", "3"}  # one per layer
+    assert all(torch.isfinite(t).all() for t in tensors.values())

@@ -128,7 +128,7 @@ def test_small_eval_run_writes_tables_plots_and_per_sequence_sums(small_run):
     )
     assert memory[0] and memory[1] and max(memory[1].values()) < min(memory[0].values())
     document = (out / "quality.md").read_text()
-    assert "| memory | 88% |" in document and "## Targets" in document
+    assert "| KVpop memory | 88% |" in document and "## Targets" in document
     for png in ("quality_retention.png", "quality_memory.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -95,10 +95,21 @@ def _cell(figures: dict, figure: str, scale: float = 1.0, digits: int = 3) -> st
     return figures[figure].format(scale, digits) if figure in figures else "—"
 
 
+LABELS = {
+    "memory": "KVpop memory",
+    "mlp": "KVpop mlp",
+    "window": "window (StreamingLLM)",
+    "h2o": "h2o (H2O)",
+    "tova": "tova (TOVA)",
+    "knorm": "knorm (K-norm)",
+    "random": "random",
+}
+
+
 def _label(record: dict) -> tuple[str, str]:
     if record["policy"] is None:
-        return FULL, "0%"
-    return record["policy"], record["budget"]
+        return "full attention", "0%"
+    return LABELS[record["policy"]], record["budget"]
 
 
 def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -> str:
