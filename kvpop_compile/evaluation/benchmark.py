@@ -100,7 +100,9 @@ def run_eval(
     long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
     batches = [slice(i, i + settings.batch) for i in range(0, len(sequences), settings.batch)]
     steps = length - settings.prompt_length
-    record_at = set(range(settings.prompt_length + MEMORY_EVERY, length + 1, MEMORY_EVERY))
+    # The last token is generated without a forward after it: the last size is at length - 1.
+    record_at = set(range(settings.prompt_length + MEMORY_EVERY, length, MEMORY_EVERY))
+    record_at.add(length - 1)
     work = len(methods) * len(batches) * len(settings.protocols)
     bar = tqdm(total=work, disable=not progress, desc="kvpop-compile eval", unit="run")
     results, reference = {}, None
