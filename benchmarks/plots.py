@@ -1,4 +1,4 @@
-"""PNG plots for the benchmark results; matplotlib is optional (``pip install ".[bench]"``).
+"""PNG plots for the benchmark results (matplotlib, a dependency of the package).
 
 Without matplotlib every drawer returns ``False`` and the suite writes its tables only.
 """

@@ -4,7 +4,7 @@
     python benchmarks/run_all.py --quick    # tiny sizes and eager paths only: checks it runs
 
 Writes ``performance.md`` (method, tables, targets), ``performance.json`` (every sample) and
-PNG plots (with matplotlib: ``pip install ".[bench]"``) to ``benchmarks/results/``, or ``--out``.
+PNG plots (matplotlib) to ``benchmarks/results/``, or ``--out``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def write_results(sections: list[Section], out: Path, *, command: str, wall: flo
         "between paths measured one after the other in this run are the figures to compare.",
     ]
     if not matplotlib_available():
-        parts.append('Plots skipped: matplotlib is not installed (`pip install ".[bench]"`).')
+        parts.append("Plots skipped: matplotlib is not installed (`pip install matplotlib`).")
     if targets:
         parts.append("## Targets\n\n" + "\n".join(targets))
     parts += [section.markdown(plotted[section.title]) for section in sections]

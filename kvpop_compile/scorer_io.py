@@ -65,6 +65,10 @@ def atomic_write(path: Path, write) -> None:
     os.close(handle)
     try:
         write(temporary)
+        # mkstemp creates the file private (0600); give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

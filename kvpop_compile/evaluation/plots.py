@@ -36,8 +36,9 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
             ]
     for (press, budget), figures in kvpress.items():
         lines.setdefault(f"kvpress {press}", {})[budget_compression(budget)] = figures
+    colours = plt.get_cmap("tab20")
     for ax, (figure, title) in zip(axes, PANELS, strict=True):
-        for label, points in lines.items():
+        for index, (label, points) in enumerate(lines.items()):
             xs = sorted(x for x, f in points.items() if figure in f)
             if not xs:
                 continue
@@ -48,14 +49,14 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
             width = 2.5 if label == "memory" else 1.2
             ax.errorbar(
                 [100 * x for x in xs], ys, yerr=err, marker="o", capsize=3, linestyle=style,
-                linewidth=width, label=label,
+                linewidth=width, label=label, color=colours(index % 20),
             )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("compression (% of 2048 tokens evicted)")
         ax.set_xticks([100 * budget_compression(b) for b in BUDGETS])
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("retention (% of full-attention top-1 accuracy)")
-    axes[-1].legend(fontsize=7, loc="lower left")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
