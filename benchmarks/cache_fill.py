@@ -56,11 +56,6 @@ def filled_static_cache(
     return cache
 
 
-def hf_cache_bytes(cache: DynamicCache | StaticCache) -> int:
-    """Bytes of the key and value tensors of all layers."""
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-
-
 def _pool_positions(
     heads: tuple[int, int], older: int, kept: int, sinks: int, generator: torch.Generator
 ) -> torch.Tensor:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 
 import torch  # noqa: E402
 
+from kvpop_compile.atomic import atomic_write  # noqa: E402
 from kvpop_compile.embedded.model import EMBEDDED_MODEL  # noqa: E402
 from kvpop_compile.evaluation.data import (  # noqa: E402
     PROMPT_LENGTH,
@@ -35,14 +35,13 @@ from kvpop_compile.evaluation.data import (  # noqa: E402
     held_out_sequences,
 )
 from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
+from kvpop_compile.evaluation.methods import BUDGETS, WINDOW  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "kvpress_worker.py"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel; kvpress accepts torch >= 2.3.1, < 3
 KVPRESS_PIN = "kvpress==0.5.5"
 PRESSES = ("none", "snapkv", "expected_attention", "tova", "knorm", "streaming_llm")
-BUDGETS = {"75%": 512, "88%": 256}  # budget name -> context tokens kept (of PROMPT_LENGTH)
-WINDOW = 64  # the policies' recent window, which decides what counts as long-range
 CHECKPOINT_FILES = ("config.json", "model.safetensors")
 
 PROTOCOL = (
@@ -158,14 +157,6 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def write_json_atomic(data: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(data, f, indent=1)
-    os.chmod(f.name, 0o644)  # a temporary file is private; the result is not
-    os.replace(f.name, path)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=64)
@@ -203,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint_sha256=sha256,
         elapsed_s=round(time.perf_counter() - start, 1),
     )
-    write_json_atomic(summary, args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
     for press, budgets in summary["results"].items():
         for budget, figures in budgets.items():
             shown = figures.get("error") or (

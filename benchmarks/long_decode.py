@@ -19,13 +19,13 @@ import torch
 
 import kvpop_compile as kc
 from kvpop_compile.engines.steps import STATE_FIELDS
+from kvpop_compile.kv_cache import cache_bytes
 from kvpop_compile.runtime import BoundedCacheState
 
 from .cache_fill import (
     fill_bounded_state,
     filled_dynamic_cache,
     filled_static_cache,
-    hf_cache_bytes,
 )
 from .harness import (
     MiB,
@@ -116,7 +116,7 @@ class HFPath(DecodePath):
         return step
 
     def kv_bytes(self) -> int:
-        return hf_cache_bytes(self.cache)
+        return cache_bytes(self.cache)
 
     def stop(self) -> None:
         self.cache = None

@@ -28,6 +28,12 @@ class ScorerKind(str, Enum):
         return self in (ScorerKind.MEMORY, ScorerKind.MLP)
 
 
+def require_int(name: str, value: object, minimum: int) -> None:
+    """Raise ``ValueError`` naming ``value`` unless it is an integer ``>= minimum`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     # bool is an int subclass; `window=True` is a mistake, not a window of 1.
     if not isinstance(value, int) or isinstance(value, bool):

@@ -19,11 +19,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .config import KVpopConfig
+from .config import KVpopConfig, require_int
 from .embedded import EMBEDDED_MODEL, decode, load_embedded_model
 from .evaluation.data import held_out_sequences
 from .evaluation.methods import BUDGETS, budget_config, scorer_folder
-from .evaluation.protocols import Continuation, greedy_continuation
+from .evaluation.protocols import Continuation, first_difference, greedy_continuation
 from .scorer_io import load_scorer, saved_config
 from .transform import transform
 
@@ -129,8 +129,7 @@ class DemoResult:
 
     @property
     def first_difference(self) -> int:
-        differs = (self.kvpop.tokens != self.full.tokens)[0]
-        return int(differs.float().argmax()) if bool(differs.any()) else differs.numel()
+        return int(first_difference(self.kvpop.tokens, self.full.tokens)[0])
 
     def report(self) -> list[str]:
         s, c = self.setup, self.setup.config
@@ -181,10 +180,8 @@ def run_demo(
     progress: bool = True,
 ) -> DemoResult:
     """Generate ``tokens`` tokens with the full cache and with KVpop; draw ``image`` if given."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
-        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
-    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
-        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
+    require_int("tokens", tokens, 2)
+    require_int("prompt_tokens", prompt_tokens, 1)
     setup = prepare(
         model_path=model_path, scorer=scorer, policy=policy, capacity=capacity,
         prompt_tokens=prompt_tokens, tokens=tokens,

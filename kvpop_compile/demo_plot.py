@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .scorer_io import atomic_write
+from .atomic import atomic_write
 
 COLUMNS = 96  # cells per row before a long line wraps
 MAX_PANELS = 8  # layers drawn at most (evenly spaced) so that large models stay legible
@@ -56,10 +56,9 @@ def _glyph(piece: str) -> str:
 
 def plot_kept_positions(result, path: Path) -> Path:
     """Draw ``result`` (a :class:`~kvpop_compile.demo.DemoResult`) to ``path`` (PNG)."""
-    import matplotlib
+    from .evaluation.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     setup, config = result.setup, result.setup.config
     ids = torch.cat([setup.prompt[0], result.kvpop.tokens[0]])

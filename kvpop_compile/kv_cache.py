@@ -117,3 +117,12 @@ class KVpopCache(Cache):
     def nbytes(self) -> int:
         """Bytes held by all layers' caches (scorer state included)."""
         return sum(layer.state.nbytes for layer in self.layers if layer.state is not None)
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes of KV state ``cache`` holds: a KVpopCache's fixed buffers (positions, priorities
+    and scorer state included), or the keys and values of transformers' dynamic or static
+    caches."""
+    if isinstance(cache, KVpopCache):
+        return cache.nbytes
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import __version__
+from .atomic import atomic_write
 from .config import KVpopConfig
 
 FORMAT = "kvpop-scorer"
@@ -57,22 +57,6 @@ def _describe(model: nn.Module) -> dict:
         num_kv_heads=first.scorer.num_kv_heads,
         head_dim=first.head_dim,
     )
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(temporary_path)``, then rename it to ``path``: readers never see half a file."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        write(temporary)
-        # mkstemp creates the file private (0600); give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def save_scorers(scorers: list[nn.Module], description: dict, path: str | os.PathLike) -> Path:

@@ -21,9 +21,7 @@ import argparse
 import json
 import math
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 # Runs from a clone without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import EMBEDDED_MODEL  # noqa: E402
 from kvpop_compile.embedded.corpus import (  # noqa: E402
     HELD_OUT_MODULUS,
@@ -354,24 +353,15 @@ and idioms seen earlier in the file): the part a bounded cache can lose.
 
 
 def save(model, out: Path, card: str, split: dict, runs: list[dict]) -> None:
-    """Write the folder beside ``out`` and rename it into place (replacing an old one)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "split.json").write_text(json.dumps(split, indent=1) + "\n")
-        (tmp / "MODEL_CARD.md").write_text(card)
-        (tmp / "recipe.json").write_text(json.dumps(runs, indent=1) + "\n")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{int(time.time())}"
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """Write the folder beside ``out`` and move it into place (replacing an old one)."""
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        (folder / "split.json").write_text(json.dumps(split, indent=1) + "\n")
+        (folder / "MODEL_CARD.md").write_text(card)
+        (folder / "recipe.json").write_text(json.dumps(runs, indent=1) + "\n")
+
+    replace_folder(out, write)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,6 @@ import json
 import random
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kvpop_compile as kc  # noqa: E402
+from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E402
 from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
@@ -74,18 +74,13 @@ def training_texts(sequences: int, seed: int) -> list[str]:
 
 def install(scorer: Path, target: Path, record: dict) -> None:
     """Copy the finished scorer folder to ``target`` with ``training.json``, atomically."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+
+    def write(folder: Path) -> None:
         for f in scorer.iterdir():
-            shutil.copy2(f, tmp / f.name)
-        (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            shutil.copy2(f, folder / f.name)
+        (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    replace_folder(target, write)
 
 
 def main(argv=None) -> None:

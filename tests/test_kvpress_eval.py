@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.kvpress_eval import sequence_figures, summarise, write_json_atomic
+from benchmarks.kvpress_eval import sequence_figures, summarise
+from kvpop_compile.atomic import atomic_write
 from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.evaluation.data import Sequence
 from kvpop_compile.evaluation.long_range import long_range_targets
@@ -96,8 +98,9 @@ def test_summary_rejects_a_result_for_other_sequences():
 
 def test_summary_is_written_atomically(tmp_path):
     path = tmp_path / "results" / "kvpress.json"
-    write_json_atomic({"a": 1}, path)
-    write_json_atomic({"a": 2}, path)
+    path.parent.mkdir()
+    for value in (1, 2):
+        atomic_write(path, lambda tmp, v=value: Path(tmp).write_text(json.dumps({"a": v})))
     assert json.loads(path.read_text()) == {"a": 2}
     assert [p.name for p in path.parent.iterdir()] == ["kvpress.json"]
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
+from ..atomic import replace_folder
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -35,29 +34,19 @@ def write_engine_folder(path: Path, build: Callable[[Path], None], manifest: dic
     path = Path(path)
     if path.exists() and any(path.iterdir()) and not (path / MANIFEST).is_file():
         raise FileExistsError(f"{path} exists and is not an engine folder; choose another path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.building-"))
-    try:
+
+    def build_and_hash(staging: Path) -> None:
         build(staging)
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        manifest = {
+        complete = {
             **manifest,
             "manifest_version": MANIFEST_VERSION,
             "library_version": __version__,
             "files": {str(p.relative_to(staging)): sha256(p) for p in files},
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        if path.exists():
-            retired = path.with_name(f".{path.name}.replaced")
-            shutil.rmtree(retired, ignore_errors=True)
-            path.rename(retired)
-            staging.rename(path)
-            shutil.rmtree(retired)
-        else:
-            staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        (staging / MANIFEST).write_text(json.dumps(complete, indent=2, sort_keys=True))
+
+    replace_folder(path, build_and_hash)
     return path
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..scorer_io import atomic_write
+from ..atomic import atomic_write
 from .benchmark import PROTOCOLS, EvalSettings, run_eval
 from .data import PROMPT_LENGTH, SEQUENCE_LENGTH, held_out_sequences
 from .long_range import long_range_targets

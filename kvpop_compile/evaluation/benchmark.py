@@ -26,7 +26,13 @@ from .. import __version__
 from .data import PROMPT_LENGTH, Sequence
 from .long_range import long_range_targets
 from .methods import WINDOW, Method, build_model
-from .protocols import Scores, compressed_prompt, greedy_continuation, teacher_forced
+from .protocols import (
+    Scores,
+    compressed_prompt,
+    first_difference,
+    greedy_continuation,
+    teacher_forced,
+)
 
 PROTOCOLS = ("teacher_forced", "continuation", "compression")
 MEMORY_EVERY = 64  # record the cache's bytes every this many generated tokens
@@ -57,17 +63,6 @@ def _sums(scores: Scores, long_range: torch.Tensor) -> dict[str, list[float]]:
 def _extend(into: dict, part: dict) -> None:
     for key, values in part.items():
         into.setdefault(key, []).extend(values)
-
-
-def _first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> list[float]:
-    differs = tokens != reference  # (B, T)
-    steps = tokens.shape[1]
-    index = torch.where(
-        differs.any(1),
-        differs.float().argmax(1),
-        torch.full_like(differs[:, 0], steps, dtype=torch.float),
-    )
-    return index.tolist()
 
 
 def run_eval(
@@ -137,7 +132,7 @@ def run_eval(
                 sums = {
                     "agree": (tokens == reference).double().sum(1).tolist(),
                     "count": [float(steps)] * tokens.shape[0],
-                    "first_difference": _first_difference(tokens, reference),
+                    "first_difference": first_difference(tokens, reference).double().tolist(),
                     "cache_bytes": {str(n): b for n, b in sorted(memory.items())},
                 }
             record[protocol] = sums

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import require_int
 from ..embedded.corpus import encode, read_bytes, split_files
 
 SEQUENCE_LENGTH = 2048
@@ -39,10 +40,8 @@ def held_out_sequences(
     """Up to ``count`` sequences (all when None) of ``length + 1`` held-out bytes."""
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise ValueError(f"count must be a positive integer or None, got {count!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an integer >= 2, got {length!r}")
-    if isinstance(per_file, bool) or not isinstance(per_file, int) or per_file < 1:
-        raise ValueError(f"per_file must be a positive integer, got {per_file!r}")
+    require_int("length", length, 2)
+    require_int("per_file", per_file, 1)
     _, held_out = split_files(root)
     sequences = []
     for name in held_out:

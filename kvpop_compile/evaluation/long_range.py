@@ -20,6 +20,8 @@ import re
 
 import torch
 
+from ..config import require_int
+
 _IDENTIFIER = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 _KEYWORDS = frozenset(k.encode() for k in keyword.kwlist + keyword.softkwlist)
 
@@ -33,10 +35,8 @@ def long_range_targets(ids: torch.Tensor, window: int, min_length: int = 4) -> t
     """
     if ids.dim() != 1:
         raise ValueError(f"ids must be one-dimensional, got shape {tuple(ids.shape)}")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be an integer >= 0, got {window!r}")
-    if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 2:
-        raise ValueError(f"min_length must be an integer >= 2, got {min_length!r}")
+    require_int("window", window, 0)
+    require_int("min_length", min_length, 2)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > 255):
         raise ValueError("ids must be byte tokens in 0..255")
     data = bytes(ids.to(torch.uint8).tolist())

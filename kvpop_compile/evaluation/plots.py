@@ -14,7 +14,8 @@ PANELS = (
 )
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot drawing to files only (the Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display is needed or wanted
@@ -26,7 +27,7 @@ def _pyplot():
 def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> None:
     """Retention (% of full attention's top-1 accuracy) against compression, one line per
     method, one panel per protocol; bars are the 95% intervals."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4.2), sharey=True)
     lines: dict[str, dict[float, object]] = {}
     for name, record in results["methods"].items():
@@ -64,7 +65,7 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
 
 def plot_cache_memory(results: dict, path: Path) -> None:
     """Cache bytes per sequence against tokens in context during greedy continuation."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, record in results["methods"].items():
         if "continuation" not in record or record["policy"] not in (None, "memory"):

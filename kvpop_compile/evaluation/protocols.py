@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..kv_cache import KVpopCache
+from ..kv_cache import KVpopCache, cache_bytes
 
 
 @dataclass
@@ -44,13 +44,6 @@ def _new_cache(model: nn.Module):
     if _is_transformed(model):
         return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
     return DynamicCache(config=model.config)
-
-
-def cache_bytes(cache) -> int:
-    """Bytes a cache holds: a KVpopCache's fixed buffers, a DynamicCache's keys and values."""
-    if isinstance(cache, KVpopCache):
-        return cache.nbytes
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
 @torch.no_grad()
@@ -115,6 +108,14 @@ def greedy_continuation(
             sizes[length + step + 1] = cache_bytes(cache)
     done = time.perf_counter()
     return Continuation(torch.cat(tokens, dim=1), cache, sizes, prefilled - start, done - prefilled)
+
+
+def first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per row of ``tokens`` (B, T), the first step where it differs from ``reference``, or T
+    where it never does: (B,) int64."""
+    differs = tokens != reference
+    steps = torch.full_like(differs[:, 0], tokens.shape[1], dtype=torch.long)
+    return torch.where(differs.any(1), differs.long().argmax(1), steps)
 
 
 def bounded_cache_as_dynamic(cache: KVpopCache, config) -> DynamicCache:

@@ -8,10 +8,12 @@ same draw, so their shared per-sequence difficulty cancels.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from .data import SEQUENCE_LENGTH
 from .methods import BUDGETS, FULL
 
 RESAMPLES = 2000
@@ -31,6 +33,7 @@ class Estimate:
         return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+@functools.lru_cache(maxsize=8)
 def _draws(n: int, seed: int = 0) -> torch.Tensor:
     """(RESAMPLES, n) sequence indices drawn with replacement, the same for every figure."""
     generator = torch.Generator().manual_seed(seed)
@@ -156,7 +159,7 @@ def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -
 
 def budget_compression(budget: str) -> float:
     """The compression a budget label names, as a fraction (``"88%"`` -> 0.875)."""
-    return 1.0 - BUDGETS[budget] / (BUDGETS["75%"] * 4)
+    return 1.0 - BUDGETS[budget] / SEQUENCE_LENGTH
 
 
 def summarize_kvpress(kvpress: dict, results: dict) -> tuple[dict, list[str]]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import require_int
+
 # Position given to an empty pool slot when looking for the weakest entry: larger than any real
 # position, so among entries of priority -inf an empty slot is the one chosen.
 EMPTY_SLOT_POSITION = torch.iinfo(torch.int64).max
@@ -27,8 +29,7 @@ EMPTY_SLOT_POSITION = torch.iinfo(torch.int64).max
 
 def _check_budget(sinks: int, window: int, topk: int) -> None:
     for name, value, minimum in (("sinks", sinks, 0), ("window", window, 1), ("topk", topk, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        require_int(name, value, minimum)
 
 
 def _check_priority(priority: torch.Tensor) -> None:

@@ -23,9 +23,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..atomic import atomic_write
 from ..config import KVpopConfig
 from ..runtime.scorer_loss import LossKind
-from ..scorer_io import atomic_write, describe, save_scorers
+from ..scorer_io import describe, save_scorers
 from ..transform import _check_model
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup

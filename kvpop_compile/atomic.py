@@ -1,0 +1,52 @@
+"""Writing files and folders so that a reader never sees half of one.
+
+A file is written to a temporary name beside it and renamed over it; a folder is built beside
+its target and swapped in once complete, the old one removed only after the swap. An
+interrupted write leaves the previous file or folder as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: Path, write: Callable[[str], object]) -> None:
+    """``write(temporary_path)``, then rename it to ``path``: readers never see half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(handle)
+    try:
+        write(temporary)
+        # mkstemp creates the file private (0600); give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def replace_folder(path: Path, build: Callable[[Path], object]) -> Path:
+    """``build(staging)`` into a new folder beside ``path``, then move it into place, replacing
+    ``path`` if it exists (removed only once the new folder is in place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.building-"))
+    try:
+        build(staging)
+        if path.exists():
+            retired = path.with_name(f".{path.name}.replaced")
+            shutil.rmtree(retired, ignore_errors=True)
+            path.rename(retired)
+            staging.rename(path)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
