@@ -33,6 +33,9 @@ def _partial_kernel(
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
     WRITE_SCORES: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
+    # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
+    scale = tl.cast(scale, tl.float32)
     head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)

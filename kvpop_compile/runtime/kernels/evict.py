@@ -37,7 +37,9 @@ def _evict_kernel(
     # scanned in chunks of BLOCK_K with a running best, so a large pool does not spill registers.
     old_priority = tl.full([], float("inf"), dtype=priorities.dtype.element_ty)
     newest = tl.full([], -1, dtype=tl.int64)
-    weakest = tl.full([], 0, dtype=tl.int32)
+    # int64 whatever width the caller passes `topk` in (Inductor may pass int64): the
+    # loop-carried type must not change.
+    weakest = tl.full([], 0, dtype=tl.int64)
     for start in range(0, topk, BLOCK_K):
         slots = start + tl.arange(0, BLOCK_K)
         in_pool = slots < topk
@@ -47,7 +49,9 @@ def _evict_kernel(
         effective = tl.where(pool_position < 0, INT64_MAX, pool_position)
         candidate = in_pool & (pool_priority == lowest)
         chunk_newest = tl.max(tl.where(candidate, effective, -1), axis=0)
-        chunk_weakest = tl.min(tl.where(candidate & (effective == chunk_newest), slots, topk), 0)
+        chunk_weakest = tl.min(
+            tl.where(candidate & (effective == chunk_newest), slots, topk), 0
+        ).to(tl.int64)
         # Chunks come in slot order: on a full tie the earlier chunk's slot stays.
         better = (lowest < old_priority) | ((lowest == old_priority) & (chunk_newest > newest))
         old_priority = tl.where(better, lowest, old_priority)

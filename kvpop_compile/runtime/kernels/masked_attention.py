@@ -28,6 +28,9 @@ def _masked_attention_kernel(
     HAS_STEPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
+    # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
+    scale = tl.cast(scale, tl.float32)
     q_head = tl.program_id(0).to(tl.int64)  # flat (batch, query head)
     kv_head = q_head // group
     queries = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -29,6 +29,9 @@ def _target_kernel(
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
+    # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
+    scale = tl.cast(scale, tl.float32)
     kv_head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
     keys_at = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     features = tl.arange(0, BLOCK_D)
