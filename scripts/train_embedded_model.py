@@ -4,6 +4,8 @@
     python scripts/train_embedded_model.py --minutes 0.5 --out /tmp/x   # smoke run
     python scripts/train_embedded_model.py --init kvpop_compile/embedded/qwen3-stdlib --seed 1
                                                                # continue from a checkpoint
+    python scripts/train_embedded_model.py ... --resume          # same arguments: continue a
+                                                               # run that was cut off
 
 Writes a Hugging Face folder (``config.json``, ``model.safetensors``) with ``split.json`` and
 ``MODEL_CARD.md``; the folder is assembled beside ``--out`` and renamed into place when complete.
@@ -13,6 +15,16 @@ The run is split by time (or by ``--steps``): the first ``1 - long_fraction`` of
 The learning rate warms up linearly and decays on a cosine, both over the same progress
 fraction. Windows start anywhere in the concatenated training files; the held-out evaluation
 reads the first 2049 bytes of every held-out file that long.
+
+With ``--recall-fraction``, that share of the 2048-byte rows are long-range recall items from the
+training files (``kvpop_compile.embedded.recall``): one 2048-byte item or two 1024-byte ones, the
+task drawn uniformly. The loss is the mean over all bytes plus ``--answer-weight`` times the mean
+over the answer bytes, which are a handful in 2048 and would barely count otherwise. The
+held-out report adds full-attention exact match on held-out recall items per task and length.
+
+Every ``--checkpoint-every`` minutes the model, optimizer, random states and progress are
+written atomically to ``--checkpoint-dir``; ``--resume`` with the same arguments continues from
+there with the time already spent counted against the budget.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import argparse
 import json
 import math
 import platform
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -33,7 +46,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 # Runs from a clone without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvpop_compile.atomic import replace_folder  # noqa: E402
+from kvpop_compile.atomic import atomic_write, replace_folder  # noqa: E402
 from kvpop_compile.embedded import EMBEDDED_MODEL  # noqa: E402
 from kvpop_compile.embedded.corpus import (  # noqa: E402
     HELD_OUT_MODULUS,
@@ -42,10 +55,19 @@ from kvpop_compile.embedded.corpus import (  # noqa: E402
     split_files,
     stdlib_dir,
 )
+from kvpop_compile.embedded.recall import (  # noqa: E402
+    CONTEXT_LENGTHS,
+    TASKS,
+    RecallItem,
+    make_item,
+    recall_items,
+)
 
 SHORT_LEN, LONG_LEN = 512, 2048
 EVAL_LEN = 2048
 BUCKET = 512  # the held-out report splits positions into buckets of this many tokens
+RECALL_EVAL_ITEMS = 64  # held-out recall items per task and length in the final report
+RECALL_MONITOR_ITEMS = 16  # per task at 2048, measured at every checkpoint to follow progress
 
 MODEL_SHAPE = {
     "vocab_size": 256,
@@ -72,6 +94,7 @@ class Progress:
     steps_long: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    recall_items: int = 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,6 +118,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument(
+        "--recall-fraction", type=float, default=0.0, help="share of 2048-byte rows that are recall"
+    )
+    p.add_argument(
+        "--answer-weight", type=float, default=1.0, help="weight of the recall answers' mean loss"
+    )
+    p.add_argument("--checkpoint-every", type=float, default=10.0, help="minutes (0: never)")
+    p.add_argument(
+        "--checkpoint-dir", type=Path, default=None, help="default: <out>.checkpoint beside --out"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     args = p.parse_args(argv)
     if args.minutes <= 0 and args.steps is None:
         raise SystemExit(f"--minutes must be > 0, got {args.minutes}")
@@ -104,6 +138,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"--long-fraction must be in [0, 1], got {args.long_fraction}")
     if args.batch_tokens < LONG_LEN:
         raise SystemExit(f"--batch-tokens must be >= {LONG_LEN}, got {args.batch_tokens}")
+    if not 0.0 <= args.recall_fraction <= 1.0:
+        raise SystemExit(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    if args.answer_weight < 0:
+        raise SystemExit(f"--answer-weight must be >= 0, got {args.answer_weight}")
+    if args.checkpoint_every < 0:
+        raise SystemExit(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.checkpoint_dir is None:
+        args.checkpoint_dir = args.out.with_name(args.out.name + ".checkpoint")
     return args
 
 
@@ -128,6 +170,53 @@ def sample_batch(stream: torch.Tensor, batch: int, length: int, gen: torch.Gener
     starts = torch.randint(0, stream.numel() - length - 1, (batch,), generator=gen)
     offsets = torch.arange(length + 1)
     return stream[starts[:, None] + offsets].long()
+
+
+class RecallMix:
+    """Replaces a share of the 2048-byte training rows with recall items from training files.
+
+    Items are drawn in order from the training split's streams (seed ``args.seed``), so a run
+    never repeats an item; ``state``/``load_state`` carry the position across a resume.
+    """
+
+    def __init__(self, fraction: float, seed: int):
+        self.fraction, self.seed = fraction, seed
+        self.rng = random.Random(f"recall-mix/{seed}")
+        self.next_index = 0
+
+    def rows(self, ids: torch.Tensor, done: Progress) -> torch.Tensor:
+        """Overwrite some rows of ``ids`` (batch, LONG_LEN + 1) in place; returns the answer mask
+        (batch, LONG_LEN) over the targets ``ids[:, 1:]``, True where a target is an answer byte.
+        """
+        answers = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        for row in range(ids.shape[0]):
+            if self.rng.random() >= self.fraction:
+                continue
+            length = self.rng.choice(CONTEXT_LENGTHS)
+            data, start = b"", 0
+            for _ in range(LONG_LEN // length):
+                item = self._item(self.rng.choice(TASKS), length)
+                # Target j predicts byte j + 1, so the answer's bytes are targets from the
+                # prompt's last byte on.
+                first = start + len(item.prompt) - 1
+                answers[row, first : first + len(item.answer)] = True
+                data += item.prompt + item.answer
+                start += length
+                done.recall_items += 1
+            # The row holds LONG_LEN + 1 bytes; a newline ends the last answer as code would.
+            ids[row] = torch.frombuffer(bytearray(data + b"\n"), dtype=torch.uint8).long()
+        return answers
+
+    def _item(self, task: str, length: int) -> RecallItem:
+        self.next_index += 1
+        return make_item("train", task, length, self.seed, self.next_index - 1)
+
+    def state(self) -> dict:
+        return {"rng": self.rng.getstate(), "next_index": self.next_index}
+
+    def load_state(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.next_index = state["next_index"]
 
 
 def held_out_sequences(files: list[str], limit: int) -> torch.Tensor:
@@ -190,8 +279,59 @@ def evaluate(model: Qwen3ForCausalLM, seqs: torch.Tensor, batch: int = 4) -> dic
     return report
 
 
-def train(model, stream, args, log) -> Progress:
-    """The training loop; returns how many steps and tokens it ran and for how long."""
+def held_out_recall(items_per_cell: int, lengths=CONTEXT_LENGTHS) -> dict:
+    """Held-out recall items (split ``held_out``, seed 0) by (task, context length)."""
+    return {
+        (task, length): recall_items("held_out", task, length, items_per_cell)
+        for task in TASKS
+        for length in lengths
+    }
+
+
+@torch.no_grad()
+def evaluate_recall(model: Qwen3ForCausalLM, cells: dict, batch: int = 8) -> dict:
+    """Full-attention exact match per task and length: ``{task: {str(length): accuracy}}``.
+
+    Teacher forcing stands for greedy decoding here: greedy decoding produces the answer iff at
+    every answer byte the argmax, given the prompt and the correct answer bytes before it, is
+    that byte, which is what one batched forward over prompt + answer checks.
+    """
+    model.eval()
+    report: dict = {}
+    for (task, length), items in cells.items():
+        hits = 0
+        for i in range(0, len(items), batch):
+            chunk = items[i : i + batch]
+            ids = torch.stack([encode(it.prompt + it.answer) for it in chunk])  # (b, length)
+            logits = model(input_ids=ids[:, :-1], use_cache=False).logits  # (b, length - 1, 256)
+            guess = logits.argmax(-1)
+            for row, it in enumerate(chunk):
+                first = len(it.prompt) - 1  # the target after the prompt's last byte
+                hits += bool((guess[row, first:] == ids[row, first + 1 :]).all())
+        report.setdefault(task, {})[str(length)] = hits / len(items)
+    return report
+
+
+def recall_line(report: dict) -> str:
+    return ", ".join(
+        f"{task}@{length} {acc:.2f}"
+        for task, by_len in report.items()
+        for length, acc in by_len.items()
+    )
+
+
+def save_checkpoint(folder: Path, state: dict) -> None:
+    """``state`` to ``folder/state.pt`` atomically: a cut-off write leaves the previous one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "state.pt", lambda tmp: torch.save(state, tmp))
+
+
+def train(model, stream, args, log, resume: dict | None = None, checkpoint=None) -> Progress:
+    """The training loop; returns how many steps and tokens it ran and for how long.
+
+    ``resume`` is a state written by ``checkpoint(state)``, which is called every
+    ``args.checkpoint_every`` minutes with everything needed to continue.
+    """
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]  # norms
     optimizer = torch.optim.AdamW(
@@ -203,13 +343,38 @@ def train(model, stream, args, log) -> Progress:
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed + 1)
+    mix = RecallMix(args.recall_fraction, args.seed)
     budget = args.minutes * 60.0
     done = Progress()
+    spent = 0.0  # seconds of training before this process (a resumed run)
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        gen.set_state(resume["generator"])
+        mix.load_state(resume["recall_mix"])
+        done = Progress(**resume["progress"])
+        spent = done.seconds
+        log(f"resumed at step {done.steps_short + done.steps_long}, {spent / 60:.1f} min in")
     start = time.perf_counter()
+    last_checkpoint = start
     model.train()
     while True:
-        elapsed = time.perf_counter() - start
+        elapsed = spent + time.perf_counter() - start
         step = done.steps_short + done.steps_long
+        if (
+            args.checkpoint_every
+            and time.perf_counter() - last_checkpoint >= 60 * args.checkpoint_every
+        ):
+            done.seconds = elapsed
+            checkpoint(
+                {
+                    "optimizer": optimizer.state_dict(),
+                    "generator": gen.get_state(),
+                    "recall_mix": mix.state(),
+                    "progress": vars(done).copy(),
+                }
+            )
+            model.train()
+            last_checkpoint = time.perf_counter()
         progress = step / args.steps if args.steps is not None else elapsed / budget
         if progress >= 1.0:
             break
@@ -218,8 +383,16 @@ def train(model, stream, args, log) -> Progress:
         for group in optimizer.param_groups:
             group["lr"] = lr
         ids = sample_batch(stream, args.batch_tokens // length, length, gen)
-        logits = model(input_ids=ids[:, :-1], use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), ids[:, 1:].reshape(-1))
+        answers = mix.rows(ids, done) if length == LONG_LEN and args.recall_fraction else None
+        logits = model(input_ids=ids[:, :-1], use_cache=False).logits  # (batch, length, 256)
+        per_byte = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 256), ids[:, 1:].reshape(-1), reduction="none"
+        )
+        loss = per_byte.mean()
+        answer_loss = None
+        if answers is not None and answers.any():
+            answer_loss = per_byte[answers.reshape(-1)].mean()
+            loss = loss + args.answer_weight * answer_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -230,11 +403,12 @@ def train(model, stream, args, log) -> Progress:
             done.steps_short += 1
         done.tokens += ids.shape[0] * length
         if (step + 1) % args.log_every == 0:
+            answer = f" answer {answer_loss.item():.3f}" if answer_loss is not None else ""
             log(
-                f"step {step + 1} len {length} loss {loss.item():.4f} lr {lr:.2e} "
+                f"step {step + 1} len {length} loss {loss.item():.4f}{answer} lr {lr:.2e} "
                 f"tokens {done.tokens:,} {elapsed / 60:.1f} min"
             )
-    done.seconds = time.perf_counter() - start
+    done.seconds = spent + time.perf_counter() - start
     model.eval()
     return done
 
@@ -243,26 +417,36 @@ def command_line(argv: list[str]) -> str:
     return " ".join(["python scripts/train_embedded_model.py", *argv])
 
 
+def run_argv(argv: list[str]) -> list[str]:
+    """The arguments that define a run: ``--resume`` only says how it was continued."""
+    return [a for a in argv if a != "--resume"]
+
+
 def recipe_table(runs: list[dict]) -> str:
     """The runs that made the checkpoint, in order, as a markdown table."""
     rows = [
-        "| run | command | seed | peak lr | steps at 512 / 2048 | tokens | minutes |",
-        "|---|---|---|---|---|---|---|",
+        "| run | command | seed | peak lr | steps at 512 / 2048 | tokens | recall items "
+        "| minutes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(runs, 1):
         rows.append(
             f"| {i} | `{r['command']}` | {r['seed']} | {r['lr']:g} | "
-            f"{r['steps_short']} / {r['steps_long']} | {r['tokens']:,} | {r['minutes']:.1f} |"
+            f"{r['steps_short']} / {r['steps_long']} | {r['tokens']:,} | "
+            f"{r.get('recall_items', 0):,} | {r['minutes']:.1f} |"
         )
     return "\n".join(rows)
 
 
 def this_run(args, argv, done: Progress) -> dict:
     return {
-        "command": command_line(argv),
+        "command": command_line(run_argv(argv)),
         "seed": args.seed,
         "lr": args.lr,
         "long_fraction": args.long_fraction,
+        "recall_fraction": args.recall_fraction,
+        "answer_weight": args.answer_weight,
+        "recall_items": done.recall_items,
         "steps_short": done.steps_short,
         "steps_long": done.steps_long,
         "tokens": done.tokens,
@@ -281,6 +465,7 @@ def model_card(args, config, n_params, files, runs, report, stats) -> str:
     )
     early, late = report["buckets"][0], report["buckets"][-1]
     alone = report["last_bucket_alone"]
+    recall = recall_section(report["recall"], runs)
     return f"""# qwen3-stdlib
 
 A byte-level `Qwen3ForCausalLM` ({n_params:,} parameters) trained from scratch on the Python
@@ -349,6 +534,50 @@ text: accuracy {alone["accuracy"]:.3f} and NLL {alone["nll"]:.3f} without the fi
 {late["positions"][0]} bytes, against {late["accuracy"]:.3f} and {late["nll"]:.3f} with them. The
 difference is what the model takes from text more than {BUCKET} bytes back (identifiers, names
 and idioms seen earlier in the file): the part a bounded cache can lose.
+
+{recall}"""
+
+
+def recall_section(recall: dict, runs: list[dict]) -> str:
+    """The card's account of the recall items trained on and the held-out exact match."""
+    trained = [r for r in runs if r.get("recall_items")]
+    lengths = [str(n) for n in CONTEXT_LENGTHS]
+    table = "\n".join(
+        f"| `{task}` | " + " | ".join(f"{recall[task][n]:.3f}" for n in lengths) + " |"
+        for task in TASKS
+    )
+    if trained:
+        mix = ", ".join(
+            f"run {runs.index(r) + 1}: {r['recall_fraction']:.0%} of the 2048-byte rows "
+            f"({r['recall_items']:,} items, answer weight {r['answer_weight']:g})"
+            for r in trained
+        )
+        how = f"""Recall items were mixed into training ({mix}). A recall row is one 2048-byte item
+or two 1024-byte ones, the task drawn uniformly; the loss on such a row is the ordinary
+next-byte loss over all its bytes (the planted lines and the question included) plus the answer
+weight times the mean loss over the answer bytes. Training items come from the training files
+with the run's seed; the items below come from the held-out files, and the split's name is part
+of every item's seed, so no training item can equal a held-out one."""
+    else:
+        how = "No recall items were trained on; the figures below measure the model as it is."
+    return f"""## Long-range recall
+
+`kvpop_compile.embedded.recall` plants lines in real standard-library code and asks for them at
+the end: `lookup` (`QZWKRT = 4821` early, the prompt ends `assert QZWKRT == `), `multi_key`
+(eight such definitions, one asked for), `chain` (`a = 4821` … `b = a` … `print(b)  # `, next
+to a second chain with another value), `call` (`def f():` / `return 4821` early, the prompt
+ends `assert f() == `). Names are six random letters and values four random digits, drawn from
+the item's seed and found nowhere else in the item; the line that holds the answer ends at least
+half the context before the question.
+
+{how}
+
+Exact match of the greedy answer with full attention, {RECALL_EVAL_ITEMS} held-out items per task
+and context length (bytes):
+
+| task | {" | ".join(lengths)} |
+|---|{"---|" * len(lengths)}
+{table}
 """
 
 
@@ -382,6 +611,17 @@ def main(argv: list[str] | None = None) -> None:
     log(f"{len(train_files)} train files ({stats['train_bytes']:,} B), {len(held_files)} held out")
 
     runs: list[dict] = []
+    state_file = args.checkpoint_dir / "state.pt"
+    resume = None
+    if args.resume:
+        if not state_file.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {state_file}")
+        resume = torch.load(state_file, weights_only=False)
+        if resume["argv"] != run_argv(argv):
+            raise ValueError(
+                f"--resume: the checkpoint was written by {command_line(resume['argv'])!r}; "
+                f"pass the same arguments (plus --resume), got {command_line(run_argv(argv))!r}"
+            )
     if args.init is not None:
         recipe = args.init / "recipe.json"
         if not recipe.is_file():
@@ -396,17 +636,30 @@ def main(argv: list[str] | None = None) -> None:
     else:
         config = Qwen3Config(**MODEL_SHAPE)
         model = Qwen3ForCausalLM(config)
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        runs = resume["earlier_runs"]
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{n_params:,} parameters; training for {args.steps or f'{args.minutes} min'}")
 
-    done = train(model, stream, args, log)
+    monitor = held_out_recall(RECALL_MONITOR_ITEMS, lengths=(LONG_LEN,))
+
+    def checkpoint(state: dict) -> None:
+        state |= {"model": model.state_dict(), "earlier_runs": runs, "argv": run_argv(argv)}
+        save_checkpoint(args.checkpoint_dir, state)
+        accuracy = recall_line(evaluate_recall(model, monitor))
+        log(f"checkpoint {state_file}; held-out recall {accuracy}")
+
+    done = train(model, stream, args, log, resume, checkpoint)
     log(f"trained {done.tokens:,} tokens in {done.seconds / 60:.1f} min; evaluating")
     report = evaluate(model, held_out_sequences(held_files, args.eval_seqs))
+    report["recall"] = evaluate_recall(model, held_out_recall(RECALL_EVAL_ITEMS))
     log(f"held-out NLL {report['nll']:.4f} nats/byte, accuracy {report['accuracy']:.4f}")
     for b in report["buckets"]:
         log(f"  positions {b['positions']}: NLL {b['nll']:.4f}, accuracy {b['accuracy']:.4f}")
     alone = report["last_bucket_alone"]
     log(f"  last bucket alone: NLL {alone['nll']:.4f}, accuracy {alone['accuracy']:.4f}")
+    log(f"held-out recall exact match: {recall_line(report['recall'])}")
 
     split = {
         "rule": f"held out iff int(sha256(relative POSIX path).hexdigest(), 16) % "

@@ -1,0 +1,190 @@
+"""Long-range recall items built from standard-library code, for the embedded model.
+
+An item is real code from the corpus with a few lines planted in it and a question at the end
+whose answer is only in the planted lines, far back:
+
+- ``lookup``: ``QZWKRT = 4821`` early; the prompt ends ``assert QZWKRT == `` → ``4821``;
+- ``multi_key``: eight such definitions, one of them asked for;
+- ``chain``: ``xkqpv = 4821`` … ``mtrwaz = xkqpv`` … ``print(mtrwaz)  # `` → ``4821``, next to a
+  second chain with another value, so the answer needs both hops;
+- ``call``: ``def hvqzrk():`` / ``return 4821`` early; the prompt ends ``assert hvqzrk() == ``.
+
+Names (six random letters) and values (four digits) are drawn from the item's own seed and occur
+nowhere else in the item, so neither the code around them nor the model's knowledge of the
+standard library can give the answer away. The definition that holds the answer ends at least
+half the context before the question (1024 bytes at 2048). Prompt plus answer is exactly the
+context length, so items of one length stack into a batch.
+
+Items of the ``"train"`` split take their code from the training files; ``"held_out"`` items take
+it from the held-out files, and the split's name is part of every item's seed, so the two splits
+share neither text nor random draws whatever seeds the caller passes.
+"""
+
+from __future__ import annotations
+
+import functools
+import keyword
+import random
+import string
+from dataclasses import dataclass
+
+from kvpop_compile.embedded.corpus import read_bytes, split_files
+
+SPLITS = ("train", "held_out")
+TASKS = ("lookup", "multi_key", "chain", "call")
+CONTEXT_LENGTHS = (1024, 2048)
+MULTI_KEYS = 8
+"""Definitions in a ``multi_key`` item, one of them asked for."""
+NAME_LETTERS = 6
+VALUE_DIGITS = 4
+
+
+@dataclass(frozen=True)
+class RecallItem:
+    """One question: greedy decoding of ``prompt`` should produce ``answer`` next.
+
+    ``len(prompt) + len(answer) == context_length``; both are UTF-8 bytes (the model's tokens).
+    """
+
+    prompt: bytes
+    answer: bytes
+    task: str
+    context_length: int
+
+
+@functools.lru_cache(maxsize=len(SPLITS))
+def split_text(split: str) -> bytes:
+    """All files of ``split`` ("train" or "held_out") concatenated in sorted order."""
+    _check_split(split)
+    train, held_out = split_files()
+    return b"".join(read_bytes(f) for f in (train if split == "train" else held_out))
+
+
+def recall_items(
+    split: str, task: str, context_length: int, count: int, seed: int = 0, start: int = 0
+) -> list[RecallItem]:
+    """Items ``start .. start + count - 1`` of the stream named by (split, task, length, seed)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return [make_item(split, task, context_length, seed, start + i) for i in range(count)]
+
+
+def make_item(split: str, task: str, context_length: int, seed: int, index: int) -> RecallItem:
+    """Item number ``index`` of one stream; the same arguments give the same bytes everywhere."""
+    _check_split(split)
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if context_length not in CONTEXT_LENGTHS:
+        raise ValueError(f"context_length must be one of {CONTEXT_LENGTHS}, got {context_length}")
+    # A string seed goes through SHA-512 in ``random``: stable across runs and platforms, and
+    # different for every split, so no seed can make a training item equal a held-out one.
+    rng = random.Random(f"{split}/{task}/{context_length}/{seed}/{index}")
+    text = split_text(split)
+    while True:  # almost always one pass; a redraw when the code happens to hold a name/value
+        item = _assemble(rng, text, task, context_length, _PLANS[task](rng))
+        if item is not None:
+            return item
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a task plants: (low, high, line) entries, the question, its answer, and how many
+    times each name and value must occur in the prompt."""
+
+    planted: list[tuple[float, float, str]]
+    question: str
+    answer: str
+    counts: dict[str, int]
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def _names(rng: random.Random, n: int, upper: bool) -> list[str]:
+    letters = string.ascii_uppercase if upper else string.ascii_lowercase
+    names: set[str] = set()
+    while len(names) < n:
+        name = "".join(rng.choice(letters) for _ in range(NAME_LETTERS))
+        if not keyword.iskeyword(name):
+            names.add(name)
+    return sorted(names, key=lambda _: rng.random())
+
+
+def _values(rng: random.Random, n: int) -> list[str]:
+    low = 10 ** (VALUE_DIGITS - 1)
+    return [str(v) for v in rng.sample(range(low, 10 * low), n)]
+
+
+def _assemble(
+    rng: random.Random, text: bytes, task: str, context_length: int, plan: _Plan
+) -> RecallItem | None:
+    """Real code with ``planted`` lines and ``question`` at the end, or None to redraw.
+
+    Each of ``plan.planted`` is (low, high, line): the line goes at the start of a code line drawn
+    uniformly in ``[low, high]`` of the code, fractions of how far the last planted line may sit
+    so that the rest of the code before the question is at least half the context. Entries
+    keep their list order. ``plan.counts`` gives how often each name or value must occur in the
+    prompt; an item where the code happens to contain one of them is rejected.
+    """
+    lines = [line.encode() for _, _, line in plan.planted]
+    tail, answer = plan.question.encode(), plan.answer.encode()
+    filler_len = context_length - len(tail) - len(answer) - sum(len(b) for b in lines)
+    offset = rng.randrange(len(text) - 2 * filler_len)
+    offset = text.index(b"\n", offset) + 1  # start on a line of its own
+    code = text[offset : offset + filler_len]
+    reach = filler_len - context_length // 2  # planted lines end >= half a context before the end
+    points = []
+    for low, high, _ in plan.planted:
+        p = int(reach * rng.uniform(low, high))
+        points.append(code.rfind(b"\n", 0, p) + 1)  # back to a line start: still within reach
+    # Sorting is stable, so lines drawn to the same point keep their order (source before alias).
+    order = sorted(range(len(lines)), key=lambda i: points[i])
+    body, at = [], 0
+    for i in order:
+        body += [code[at : points[i]], lines[i]]
+        at = points[i]
+    body.append(code[at:])
+    prompt = b"".join(body) + tail
+    if any(prompt.count(word.encode()) != n for word, n in plan.counts.items()):
+        return None
+    return RecallItem(prompt, answer, task, context_length)
+
+
+def _lookup(rng: random.Random) -> _Plan:
+    (name,), (value,) = _names(rng, 1, upper=True), _values(rng, 1)
+    planted = [(0.0, 1.0, f"{name} = {value}\n")]
+    return _Plan(planted, f"\nassert {name} == ", value, {name: 2, value: 1})
+
+
+def _multi_key(rng: random.Random) -> _Plan:
+    names, values = _names(rng, MULTI_KEYS, upper=True), _values(rng, MULTI_KEYS)
+    planted = [(0.0, 1.0, f"{n} = {v}\n") for n, v in zip(names, values, strict=True)]
+    asked = rng.randrange(MULTI_KEYS)
+    counts = {n: 1 for n in names} | {v: 1 for v in values} | {names[asked]: 2}
+    return _Plan(planted, f"\nassert {names[asked]} == ", values[asked], counts)
+
+
+def _chain(rng: random.Random) -> _Plan:
+    src, alias, other, other_alias = _names(rng, 4, upper=False)
+    value, other_value = _values(rng, 2)
+    # Sources in the first half of the reach, aliases after them; the asked chain and the
+    # distractor are drawn the same way, so position does not tell them apart.
+    planted = [
+        (0.0, 0.5, f"{src} = {value}\n"),
+        (0.0, 0.5, f"{other} = {other_value}\n"),
+        (0.5, 1.0, f"{alias} = {src}\n"),
+        (0.5, 1.0, f"{other_alias} = {other}\n"),
+    ]
+    counts = {src: 2, alias: 2, other: 2, other_alias: 1, value: 1, other_value: 1}
+    return _Plan(planted, f"\nprint({alias})  # ", value, counts)
+
+
+def _call(rng: random.Random) -> _Plan:
+    (name,), (value,) = _names(rng, 1, upper=False), _values(rng, 1)
+    planted = [(0.0, 1.0, f"def {name}():\n    return {value}\n")]
+    return _Plan(planted, f"\nassert {name}() == ", value, {name: 2, value: 1})
+
+
+_PLANS = {"lookup": _lookup, "multi_key": _multi_key, "chain": _chain, "call": _call}

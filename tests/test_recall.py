@@ -1,0 +1,154 @@
+"""Long-range recall items: deterministic, split-separated, exact lengths, answers only far back."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvpop_compile.embedded.recall import (
+    CONTEXT_LENGTHS,
+    MULTI_KEYS,
+    TASKS,
+    make_item,
+    recall_items,
+    split_text,
+)
+
+COUNT = 6  # items per (task, length) in the property checks; each is a few ms
+
+
+@pytest.fixture(scope="module")
+def items():
+    return {
+        (split, task, n): recall_items(split, task, n, COUNT, seed=3)
+        for split in ("train", "held_out")
+        for task in TASKS
+        for n in CONTEXT_LENGTHS
+    }
+
+
+def test_same_arguments_give_the_same_bytes(items):
+    for (split, task, n), batch in items.items():
+        assert recall_items(split, task, n, COUNT, seed=3) == batch
+        assert make_item(split, task, n, 3, COUNT - 1) == batch[-1]
+        assert recall_items(split, task, n, 2, seed=3, start=2) == batch[2:4]
+
+
+def test_other_seeds_and_indices_give_other_items(items):
+    for (split, task, n), batch in items.items():
+        assert len({it.prompt for it in batch}) == COUNT
+        other = recall_items(split, task, n, COUNT, seed=4)
+        assert not {it.prompt for it in other} & {it.prompt for it in batch}
+
+
+def test_prompt_and_answer_fill_the_context_exactly(items):
+    for (_, task, n), batch in items.items():
+        for it in batch:
+            assert it.task == task and it.context_length == n
+            assert len(it.prompt) + len(it.answer) == n
+            assert re.fullmatch(rb"[1-9][0-9]{3}", it.answer)
+
+
+def test_questions_have_the_documented_form(items):
+    forms = {
+        "lookup": rb"\nassert [A-Z]{6} == ",
+        "multi_key": rb"\nassert [A-Z]{6} == ",
+        "chain": rb"\nprint\([a-z]{6}\)  # ",
+        "call": rb"\nassert [a-z]{6}\(\) == ",
+    }
+    for (_, task, _), batch in items.items():
+        for it in batch:
+            assert re.search(forms[task] + rb"\Z", it.prompt), it.prompt[-40:]
+
+
+def _definition_end(prompt: bytes, answer: bytes) -> int:
+    """Index just past the line (or function body) that holds the answer."""
+    at = prompt.index(answer)
+    return prompt.index(b"\n", at) + 1
+
+
+def test_answer_occurs_once_and_at_least_half_a_context_before_the_question(items):
+    for (_, _, n), batch in items.items():
+        for it in batch:
+            assert it.prompt.count(it.answer) == 1
+            question = it.prompt.rindex(b"\n")
+            assert question - _definition_end(it.prompt, it.answer) >= n // 2
+
+
+def test_the_asked_name_is_defined_once_and_asked_once(items):
+    for (_, task, _), batch in items.items():
+        for it in batch:
+            name = re.search(rb"([A-Za-z]{6})\(?\)?(?: == |\)  # )\Z", it.prompt).group(1)
+            assert it.prompt.count(name) == 2  # definition (or alias) and question
+            if task == "lookup":
+                assert it.prompt.count(name + b" = " + it.answer + b"\n") == 1
+            if task == "call":
+                assert b"def " + name + b"():\n    return " + it.answer + b"\n" in it.prompt
+
+
+def test_multi_key_plants_distinct_definitions_one_asked(items):
+    for split in ("train", "held_out"):
+        for it in items[split, "multi_key", 2048]:
+            planted = re.findall(rb"^([A-Z]{6}) = ([0-9]{4})$", it.prompt, flags=re.M)
+            assert len(planted) == MULTI_KEYS
+            assert len({v for _, v in planted}) == MULTI_KEYS
+            asked = it.prompt.rsplit(b"assert ", 1)[1].split(b" ")[0]
+            assert dict(planted)[asked] == it.answer
+
+
+def test_chain_needs_both_hops(items):
+    for it in items["train", "chain", 2048] + items["held_out", "chain", 1024]:
+        alias = re.search(rb"print\(([a-z]{6})\)", it.prompt).group(1)
+        source = re.search(rb"^" + alias + rb" = ([a-z]{6})$", it.prompt, flags=re.M).group(1)
+        value = re.search(rb"^" + source + rb" = ([0-9]{4})$", it.prompt, flags=re.M).group(1)
+        assert value == it.answer
+        assert it.prompt.index(source + b" = ") < it.prompt.index(alias + b" = ")
+        # A second chain with another value: the value line alone does not give the answer.
+        others = re.findall(rb"^[a-z]{6} = ([0-9]{4})$", it.prompt, flags=re.M)
+        assert len(others) == 2 and others.count(it.answer) == 1
+
+
+_PLANTED = re.compile(rb"^(?:[A-Za-z]{6} = \w+|def [a-z]{6}\(\):|    return [0-9]{4})\n", re.M)
+
+
+def _code(it) -> list[bytes]:
+    """The stretches of real code in an item: the prompt cut at its planted lines, question off."""
+    body = it.prompt[: it.prompt.rindex(b"\n")]
+    return [part for part in _PLANTED.split(body) if part]
+
+
+def test_code_comes_from_its_own_split_only(items):
+    train, held_out = split_text("train"), split_text("held_out")
+    for (split, _, n), batch in items.items():
+        own, other = (train, held_out) if split == "train" else (held_out, train)
+        for it in batch:
+            parts = _code(it)
+            assert all(part in own for part in parts)
+            # Short common lines are in both splits; a long stretch of a file is in one only.
+            longest = max(parts, key=len)
+            assert len(longest) >= n // 4 and longest not in other
+
+
+def test_train_and_held_out_items_never_coincide():
+    for task in TASKS:
+        train = recall_items("train", task, 1024, 8, seed=0)
+        held = recall_items("held_out", task, 1024, 8, seed=0)
+        assert not {it.prompt for it in train} & {it.prompt for it in held}
+        assert [it.answer for it in train] != [it.answer for it in held]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"split": "test"}, "split must be one of"),
+        ({"task": "needle"}, "task must be one of"),
+        ({"context_length": 4096}, "context_length must be one of"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    args = {"split": "train", "task": "lookup", "context_length": 1024} | kwargs
+    with pytest.raises(ValueError, match=match):
+        make_item(args["split"], args["task"], args["context_length"], 0, 0)
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        recall_items("train", "lookup", 1024, -1)
