@@ -27,9 +27,6 @@ class KVpopLayer(CacheLayerMixin):
         super().__init__()
         self.config = config
         self.state: BoundedCacheState | None = None
-        # Known on the host without reading the device: no token has been written since the
-        # state was allocated or reset. Lets a prefill skip a device sync (and be exportable).
-        self.known_empty = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise TypeError("a KVpop cache layer is allocated by KVpop attention, not by update()")
@@ -71,7 +68,6 @@ class KVpopLayer(CacheLayerMixin):
     def reset(self) -> None:
         if self.state is not None:
             self.state.reset_()
-        self.known_empty = True
 
     def _select_rows(self, rows: torch.Tensor) -> None:
         """Replace the batch by ``rows`` of it (a reorder, repeat or subset)."""

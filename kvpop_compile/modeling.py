@@ -44,11 +44,9 @@ class KVpopAttention(nn.Module):
     def bounded(self) -> BoundedAttention:
         return self.graph.kvpop_attention_0
 
-    def _state(self, cache, hidden_states: torch.Tensor) -> tuple[BoundedCacheState, bool]:
-        """The state to run against, and whether the host knows it is empty without reading
-        the device (a fresh layer of a KVpopCache, or a temporary state for a forward without
-        a cache). The flag is only read for prefills: a compiled decode step never guards on
-        it."""
+    def _state(self, cache, hidden_states: torch.Tensor) -> BoundedCacheState:
+        """The state to run against: the layer's in ``cache``, or a temporary empty one for a
+        forward without a cache."""
         kwargs = {
             "batch": hidden_states.shape[0],
             "head_dim": self.head_dim,
@@ -56,7 +54,7 @@ class KVpopAttention(nn.Module):
             "device": hidden_states.device,
         }
         if cache is None:
-            return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs), True
+            return BoundedCacheState.empty(self.kvpop_config, self.scorer, **kwargs)
         if not isinstance(cache, KVpopCache):
             kind = type(cache).__name__ if isinstance(cache, Cache) else repr(cache)
             raise TypeError(
@@ -68,11 +66,7 @@ class KVpopAttention(nn.Module):
                 f"this KVpopCache was made for {cache.config}, the model is transformed with "
                 f"{self.kvpop_config}; use kvpop_compile.new_cache(model)"
             )
-        layer = cache.layers[self.layer_idx]
-        state = layer.state_for(self.scorer, **kwargs)
-        empty = hidden_states.shape[1] > 1 and layer.known_empty
-        layer.known_empty = False
-        return state, empty
+        return cache.layers[self.layer_idx].state_for(self.scorer, **kwargs)
 
     def forward(
         self,
@@ -98,16 +92,8 @@ class KVpopAttention(nn.Module):
         batch = hidden_states.shape[0]
         cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
         cache = cache if cache is not None else past_key_values
-        state, empty = self._state(cache, hidden_states)
-        length = hidden_states.shape[1]
-        # One token is a decode step; several are a prefill, which needs an empty cache. More
-        # tokens after earlier ones (a continued conversation) go through decode one by one.
-        if length == 1 or empty or int(state.seen) == 0:
-            return self.graph(hidden_states, cos, sin, *state.tensors())[0], None
-        outputs = [
-            self.graph(
-                hidden_states[:, i : i + 1], cos[:, i : i + 1], sin[:, i : i + 1], *state.tensors()
-            )[0]
-            for i in range(length)
-        ]
-        return torch.cat(outputs, dim=1), None
+        state = self._state(cache, hidden_states)
+        # One token is a decode step; several are a prefill chunk, which continues whatever
+        # the cache holds (an empty cache, a chunk of a long prompt, or a continued
+        # conversation) with the chunked rule.
+        return self.graph(hidden_states, cos, sin, *state.tensors())[0], None

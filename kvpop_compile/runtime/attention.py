@@ -28,43 +28,54 @@ def masked_attention(
     *,
     scale: float,
     block: int = 128,
+    key_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention in which query ``i`` sees key ``t`` iff ``t <= i < evict_step[t]``.
+    """Causal attention in which a query at position ``i`` sees the key at position ``t`` iff
+    ``t <= i < evict_step[t]``.
 
     Args:
-        q: ``(B, Hq, N, D)`` queries (after RoPE).
-        k, v: ``(B, Hkv, N, D)`` keys (after RoPE) and values.
-        evict_step: ``(B, Hkv, N)`` int64 eviction steps, or ``None`` for full causal attention.
+        q: ``(B, Hq, L, D)`` queries (after RoPE).
+        k, v: ``(B, Hkv, T, D)`` keys (after RoPE) and values, ``T >= L``. The last ``L`` keys
+            are the queries' own tokens; the ``T - L`` before them are keys held from earlier
+            (a cache the prompt's chunk continues).
+        evict_step: ``(B, Hkv, T)`` int64 eviction steps, or ``None`` for full causal attention.
         scale: softmax scale.
-        block: query rows per block; scratch memory is ``O(block * N)`` per head, never N x N.
+        block: query rows per block; scratch memory is ``O(block * T)`` per head, never L x T.
+        key_positions: ``(B, Hkv, T)`` int64 token position of every key (``-1``: no key; pair
+            it with an eviction step <= 0 so that no query sees it); the queries' positions are
+            those of their own keys. ``None``: key ``t`` is at position ``t`` and ``T == L``.
 
     Returns:
-        ``out (B, Hq, N, D)`` in ``q.dtype`` and ``lse (B, Hq, N)`` float32, each query's
+        ``out (B, Hq, L, D)`` in ``q.dtype`` and ``lse (B, Hq, L)`` float32, each query's
         log-sum-exp of its scaled scores over the keys it sees.
     """
     batch, q_heads, n, dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads, total = k.shape[1], k.shape[2]
     group = query_group(q_heads, kv_heads)
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
+    if key_positions is None and total != n:
+        raise ValueError(f"without key_positions, k must have the queries' length {n}, got {total}")
+    past = total - n
+    if key_positions is None:
+        key_positions = torch.arange(total, device=q.device).expand(batch, kv_heads, total)
     qg = q.float().reshape(batch, kv_heads, group, n, dim)
     kf, vf = k.float(), v.float()
     out = torch.empty(batch, kv_heads, group, n, dim, device=q.device)
     lse = torch.empty(batch, kv_heads, group, n, device=q.device)
-    key_pos = torch.arange(n, device=q.device)
     for start in range(0, n, block):
         end = min(start + block, n)
-        query_pos = torch.arange(start, end, device=q.device)
         # Keys after the block's last query are never seen: slice them off.
-        scores = torch.einsum("bhgqd,bhkd->bhgqk", qg[:, :, :, start:end], kf[:, :, :end]) * scale
-        visible = key_pos[:end] <= query_pos[:, None]  # (Q, T)
+        seen = past + end
+        query_pos = key_positions[:, :, past + start : seen, None]  # (B, Hkv, Q, 1)
+        visible = key_positions[:, :, None, :seen] <= query_pos  # (B, Hkv, Q, T)
         if evict_step is not None:
-            alive = query_pos[:, None] < evict_step[:, :, None, :end]  # (B, Hkv, Q, T)
-            visible = (visible & alive).unsqueeze(2)
-        scores = scores.masked_fill(~visible, float("-inf"))
+            visible &= query_pos < evict_step[:, :, None, :seen]
+        scores = torch.einsum("bhgqd,bhkd->bhgqk", qg[:, :, :, start:end], kf[:, :, :seen]) * scale
+        scores = scores.masked_fill(~visible.unsqueeze(2), float("-inf"))
         block_lse = torch.logsumexp(scores, dim=-1)
         probs = (scores - block_lse.unsqueeze(-1)).exp()
-        out[:, :, :, start:end] = torch.einsum("bhgqk,bhkd->bhgqd", probs, vf[:, :, :end])
+        out[:, :, :, start:end] = torch.einsum("bhgqk,bhkd->bhgqd", probs, vf[:, :, :seen])
         lse[:, :, :, start:end] = block_lse
     return out.reshape(batch, q_heads, n, dim).to(q.dtype), lse.reshape(batch, q_heads, n)
 

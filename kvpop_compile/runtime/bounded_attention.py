@@ -197,6 +197,10 @@ def decode_tokens(
     return torch.cat(steps, dim=2) if steps else torch.empty_like(q)
 
 
+# Eviction step of a key no query of the chunk can outlive: held after it.
+NEVER = torch.iinfo(torch.int64).max
+
+
 @torch.no_grad()
 def prefill(
     state: BoundedCacheState,
@@ -209,74 +213,194 @@ def prefill(
     config: KVpopConfig,
     scale: float,
 ) -> torch.Tensor:
-    """N tokens at once into an emptied cache (positions ``0..N-1``), in place.
+    """``L`` tokens at once into the cache, continuing the sequence it holds (positions
+    ``seen .. seen + L - 1``; an empty cache starts at 0), in place: the chunked rule.
 
-    Same arguments as :func:`decode_step` with ``N`` tokens. Scores come from the scorer's
-    parallel form, eviction steps from the parallel rule, and attention runs under the
-    eviction-step mask in query blocks (``O(block * N)`` memory). The cache ends as after
-    N decode steps: the same tokens in the same slots with the same keys, values, priorities
-    and scorer state (to float rounding), except that pool slots may be in another order and
-    empty ring slots may hold other stale values, neither of which any later step reads.
-    Attention-fed scorers have no parallel form: they run step by step.
+    Same arguments as :func:`decode_step` with ``L`` tokens. Scores come from the scorer's
+    parallel form continued from its state, eviction steps from the parallel rule over what the
+    cache holds plus the chunk, and attention runs over the cache's keys and the chunk's under
+    the eviction-step mask (``O(L * (C + L))`` work and memory ``O(block * (C + L))``, whatever
+    came before). The cache ends as after ``L`` decode steps: the same tokens in the same
+    slots with the same keys, values, priorities and scorer state (to float rounding), except
+    that pool slots may be in another order and empty slots may hold other stale values,
+    neither of which any later step reads. Attention-fed scorers have no parallel form: they
+    run step by step.
 
     Returns:
-        ``(B, Hq, N, D)`` attention outputs.
+        ``(B, Hq, L, D)`` attention outputs.
     """
     k, raw_k, v = _check_inputs(state, q, k, raw_k, v)
-    state.reset_()
-    if isinstance(scorer, AttentionFedScorer):
+    if isinstance(scorer, AttentionFedScorer) or q.shape[2] == 0:
         return decode_tokens(state, q, k, raw_k, v, scorer=scorer, config=config, scale=scale)
-    n = q.shape[2]
-    rhat, final_scorer_state = scorer.score_sequence(raw_k, v, config.window)
-    priority = rhat + config.lam * torch.arange(n, device=q.device, dtype=torch.float32)
-    steps = torch.ops.kvpop.eviction_steps(priority, config.sinks, config.window, config.topk)
-    out, _ = torch.ops.kvpop.masked_attention(q, k, v, steps, scale, config.prefill_block)
-    _fill_after_prefill(state, k, raw_k, v, priority, steps, config)
-    state.scorer_state.copy_(final_scorer_state)
-    state.seen.fill_(n)
+    chunk = _Chunk(state, config, q.shape[2])
+    rhat, scorer_state = scorer.score_chunk(
+        state.scorer_state, raw_k, v, *chunk.leaving(raw_k, v), chunk.leaving_positions
+    )
+    candidates = chunk.candidates(rhat)
+    steps = candidates.eviction_steps(config.topk)
+    keys = torch.cat([state.keys, k], dim=2)
+    values = torch.cat([state.values, v], dim=2)
+    out, _ = torch.ops.kvpop.masked_attention(
+        q, keys, values, chunk.key_steps(steps), scale, config.prefill_block,
+        chunk.key_positions(),
+    )  # fmt: skip
+    chunk.hold_survivors(candidates, steps, k, raw_k, v)
+    state.scorer_state.copy_(scorer_state)
+    state.seen.add_(q.shape[2])
     return out
 
 
-def _fill_after_prefill(state, k, raw_k, v, priority, steps, config: KVpopConfig) -> None:
-    """Write what N decode steps would leave: sinks, the last ``window`` tokens in their ring
-    slots, and the pool tokens still alive after the last step (``e_t == N``)."""
-    n = k.shape[2]
-    sinks, topk, window = config.sinks, config.topk, config.window
-    device = k.device
+@dataclass
+class _Candidates:
+    """The tokens that may sit in the pool during a chunk, ``(B, H, M)`` each with
+    ``M = K + W + L``: the pool's slots, the window ring's slots, then the chunk's tokens."""
 
-    def put(slots: torch.Tensor, source: torch.Tensor) -> None:
-        state.keys.index_copy_(2, slots, k.index_select(2, source).to(state.keys.dtype))
-        state.values.index_copy_(2, slots, v.index_select(2, source).to(state.values.dtype))
-        state.positions[..., slots] = source
+    positions: torch.Tensor  # int64, -1 where there is no token
+    priority: torch.Tensor  # float32 static priority (-inf where it is not needed)
+    entry: torch.Tensor  # int64 step at which it is in the pool (NEVER: never, in this chunk)
 
-    first_sinks = torch.arange(min(sinks, n), device=device)
-    put(first_sinks, first_sinks)
-    in_window = torch.arange(min(max(sinks, n - window), n), n, device=device)
-    ring = torch.remainder(in_window - sinks, window)
-    put(sinks + topk + ring, in_window)
-    state.window_keys.index_copy_(
-        2, ring, raw_k.index_select(2, in_window).to(state.window_keys.dtype)
-    )
+    def eviction_steps(self, topk: int) -> torch.Tensor:
+        """``(B, H, M)`` int64 eviction step of every candidate (the chunked rule, DESIGN §2).
 
-    candidates = max(0, n - window - sinks)  # tokens that have left the window
-    taken = min(topk, candidates)
-    if taken == 0:
-        return
-    alive = steps[..., sinks : sinks + candidates] == n  # (B, H, candidates); at most topk true
-    # Alive tokens first, in position order; a row with fewer alive leaves the rest empty.
-    local = torch.sort((~alive).to(torch.int8), dim=-1, stable=True).indices[..., :taken]
-    valid = alive.gather(-1, local)
-    position = local + sinks  # (B, H, taken)
-    pool = slice(sinks, sinks + taken)
-    gathered = position.unsqueeze(-1).expand(-1, -1, -1, k.shape[-1])
-    zero = torch.zeros((), dtype=state.keys.dtype, device=device)
-    state.keys[..., pool, :] = torch.where(
-        valid.unsqueeze(-1), k.gather(2, gathered).to(zero.dtype), zero
-    )
-    state.values[..., pool, :] = torch.where(
-        valid.unsqueeze(-1), v.gather(2, gathered).to(zero.dtype), zero
-    )
-    state.positions[..., pool] = torch.where(valid, position, torch.full_like(position, -1))
-    state.priorities[..., :taken] = torch.where(
-        valid, priority.gather(-1, position), torch.full_like(priority[..., :taken], float("-inf"))
-    )
+        Ordered by entry step (position order; pool entries first, as they are older than the
+        window's), the rule is the parallel one with unit spacing: a candidate leaves when the
+        K-th oldest candidate that beats it has entered, or at its own entry if that came
+        first. ``kvpop::eviction_steps`` with no sinks and no window gives, in that order, the
+        index of whichever of the two is later (``M`` when fewer than K beat it); its entry step
+        is the eviction step."""
+        count = self.positions.shape[-1]
+        order_key = torch.where(self.entry < NEVER, self.positions, NEVER)
+        order = torch.sort(order_key, dim=-1, stable=True).indices
+        entry = self.entry.gather(-1, order)
+        priority = torch.where(
+            entry < NEVER, self.priority.gather(-1, order), float("-inf")
+        )  # a token that never enters beats nobody
+        later = torch.ops.kvpop.eviction_steps(priority, 0, 0, topk)
+        steps = torch.where(later < count, entry.gather(-1, later.clamp(max=count - 1)), NEVER)
+        return torch.empty_like(steps).scatter_(-1, order, steps)
+
+
+class _Chunk:
+    """Index bookkeeping for one prompt chunk of ``length`` tokens entering ``state``: which
+    token leaves the window at each step, the candidates of the pool, the visibility of every
+    key, and what the cache holds afterwards. Nothing here reads a value back to the host."""
+
+    def __init__(self, state: BoundedCacheState, config: KVpopConfig, length: int):
+        self.state, self.config, self.length = state, config, length
+        device = state.keys.device
+        self.start = state.seen  # () int64: position of the chunk's first token
+        self.positions = self.start + torch.arange(length, device=device)  # (L,)
+        window = config.window
+        # Step start + j moves the token at position start - W + j out of the window: the
+        # ring's tokens first (in position order), then the chunk's own.
+        recent = self.start - window + torch.arange(window + length, device=device)
+        self.recent_positions = recent  # (W + L,)
+        self.ring_order = torch.remainder(recent[:window] - config.sinks, window)  # (W,)
+        self.leaving_positions = recent[:length]
+
+    def leaving(self, raw_k: torch.Tensor, v: torch.Tensor):
+        """Pre-RoPE key and value ``(B, H, L, D)`` of the token leaving at each step."""
+        state, config = self.state, self.config
+        ring_slots = config.sinks + config.topk + self.ring_order
+        ring_keys = state.window_keys.index_select(2, self.ring_order)
+        ring_values = state.values.index_select(2, ring_slots)
+        keys = torch.cat([ring_keys, raw_k], dim=2)[:, :, : self.length]
+        values = torch.cat([ring_values, v], dim=2)[:, :, : self.length]
+        return keys, values
+
+    def candidates(self, rhat: torch.Tensor) -> _Candidates:
+        """The pool's candidates, with ``rhat (B, H, L)`` the scores of the leaving tokens."""
+        state, config = self.state, self.config
+        sinks, topk, window = config.sinks, config.topk, config.window
+        held = state.positions[..., sinks:]  # (B, H, K + W): pool then ring slots
+        pool, ring = held[..., :topk], held[..., topk:]
+        shape = (*held.shape[:2], self.length)
+        # Priority of every token that leaves the window during the chunk, by leave step.
+        leaving_priority = rhat + config.lam * self.leaving_positions.float()
+        unscored = torch.full((*shape[:2], window), float("-inf"), device=rhat.device)
+        recent_priority = torch.cat([leaving_priority, unscored], dim=-1)  # (B, H, W + L)
+        step_of_ring = (ring - (self.start - window)).clamp(0, window + self.length - 1)
+        chunk_tokens = self.positions.expand(shape)
+        entry_pool = torch.where(pool >= 0, self.start, NEVER)
+        entry_ring = torch.where(ring >= 0, ring + window, NEVER)
+        entry_chunk = torch.where(chunk_tokens >= sinks, chunk_tokens + window, NEVER)
+        return _Candidates(
+            positions=torch.cat([held, chunk_tokens], dim=-1),
+            priority=torch.cat(
+                [
+                    state.priorities,
+                    recent_priority.gather(-1, step_of_ring),
+                    recent_priority[..., window:],
+                ],
+                dim=-1,
+            ),
+            entry=torch.cat([entry_pool, entry_ring, entry_chunk], dim=-1),
+        )
+
+    def key_positions(self) -> torch.Tensor:
+        """``(B, H, C + L)`` position of every key the chunk attends over: the cache's slots,
+        then the chunk's tokens."""
+        positions = self.state.positions
+        chunk = self.positions.expand(*positions.shape[:2], self.length)
+        return torch.cat([positions, chunk], dim=-1)
+
+    def key_steps(self, steps: torch.Tensor) -> torch.Tensor:
+        """``(B, H, C + L)`` eviction step of every key, from the candidates' ``steps``: sinks
+        are never evicted, an empty slot is seen by no query."""
+        sinks = self.config.sinks
+        positions = self.key_positions()
+        key_steps = torch.cat([torch.full_like(positions[..., :sinks], NEVER), steps], dim=-1)
+        is_sink = positions < sinks
+        key_steps = torch.where(is_sink, NEVER, key_steps)
+        return torch.where(positions >= 0, key_steps, 0)
+
+    def hold_survivors(self, candidates, steps, k, raw_k, v) -> None:
+        """Write what the cache holds after the chunk: the pool's survivors (entered, not
+        evicted), then the chunk's sinks and its newest tokens in their ring slots."""
+        state, config = self.state, self.config
+        sinks, topk, window = config.sinks, config.topk, config.window
+        end = self.start + self.length
+        # The pool, gathered before the ring slots it may draw from are overwritten.
+        alive = (candidates.entry < end) & (steps >= end)  # at most K per row
+        chosen = torch.sort((~alive).to(torch.int8), dim=-1, stable=True).indices[..., :topk]
+        kept = alive.gather(-1, chosen)
+        held_keys = torch.cat([state.keys[..., sinks:, :], k], dim=2)
+        held_values = torch.cat([state.values[..., sinks:, :], v], dim=2)
+        pool_keys = _gather_rows(held_keys, chosen, kept)
+        pool_values = _gather_rows(held_values, chosen, kept)
+        pool = slice(sinks, sinks + topk)
+        state.positions[..., pool] = torch.where(kept, candidates.positions.gather(-1, chosen), -1)
+        state.priorities.copy_(
+            torch.where(kept, candidates.priority.gather(-1, chosen), float("-inf"))
+        )
+        state.keys[..., pool, :] = pool_keys
+        state.values[..., pool, :] = pool_values
+        # Sinks and ring slots: slot by slot, the newest position that maps there, if the chunk
+        # holds it (positions are equal across rows, so one index serves the batch).
+        device = k.device
+        sink_positions = torch.arange(sinks, device=device)
+        ring = torch.arange(window, device=device)
+        ring_positions = end - 1 - torch.remainder(end - 1 - sinks - ring, window)
+        slots = torch.cat([sink_positions, sinks + topk + ring])
+        newest = torch.cat([sink_positions, ring_positions])
+        # A ring slot's newest position is below `end` by construction; a sink's may not be.
+        from_chunk = (newest >= self.start) & (newest < end) & ((slots < sinks) | (newest >= sinks))
+        index = (newest - self.start).clamp(0, self.length - 1)
+        _overwrite_slots(state.keys, slots, from_chunk, k.index_select(2, index))
+        _overwrite_slots(state.values, slots, from_chunk, v.index_select(2, index))
+        state.positions[..., slots] = torch.where(from_chunk, newest, state.positions[..., slots])
+        ring_rows = raw_k.index_select(2, index[sinks:])
+        state.window_keys.copy_(
+            torch.where(from_chunk[sinks:, None], ring_rows, state.window_keys)
+        )
+
+
+def _gather_rows(source: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``source (B, H, M, D)`` rows ``index (B, H, K)``, zero where ``keep`` is false."""
+    rows = source.gather(2, index.unsqueeze(-1).expand(-1, -1, -1, source.shape[-1]))
+    return torch.where(keep.unsqueeze(-1), rows, torch.zeros((), dtype=rows.dtype))
+
+
+def _overwrite_slots(cache, slots, take, rows) -> None:
+    """``cache[..., slots, :] = rows`` where ``take (len(slots),)``, else unchanged."""
+    cache[..., slots, :] = torch.where(take[:, None], rows, cache[..., slots, :])

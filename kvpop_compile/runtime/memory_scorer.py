@@ -77,6 +77,15 @@ class MemoryScorer(Scorer):
         read = (state @ self._query(x).unsqueeze(-1)).squeeze(-1)
         return self._readout(x, read)
 
+    def score_chunk(self, state, k, v, leaving_k, leaving_v, leaving_position):
+        """Scores of the tokens leaving the window during ``L`` steps (see
+        :meth:`Scorer.score_chunk`): the chunk's tokens ``k, v (B, H, L, D)`` update the memory,
+        and step ``i``'s leaving token is read against the state after step ``i``."""
+        _, phi_k, values, log_forget, gate = self._projections(k, v)
+        x = token_features(leaving_k, leaving_v)
+        reads, state = self._scan(state, self._query(x), phi_k, values, log_forget, gate)
+        return self._readout(x, reads), state
+
     def score_sequence(self, k: torch.Tensor, v: torch.Tensor, window: int):
         """Chunked parallel form. ``k, v (B, H, N, D)`` → ``rhat (B, H, N)`` (token ``t`` read
         against ``S_{t+W}``; 0 for the last ``W`` tokens) and the final state ``S_{N-1}``."""
@@ -87,23 +96,31 @@ class MemoryScorer(Scorer):
         if n > window:
             queries[..., window:, :] = self._query(x[..., : n - window, :])
         state = self.init_state(batch, k.device)
-        reads = torch.empty(batch, heads, n, self.value_dim + 1, device=k.device)
-        for start in range(0, n, self.chunk_size):
-            end = min(start + self.chunk_size, n)
-            reads[..., start:end, :], state = self._chunk(
-                state,
-                queries[..., start:end, :],
-                phi_k[..., start:end, :],
-                values[..., start:end, :],
-                log_forget[..., start:end],
-                gate[..., start:end],
-            )
+        reads, state = self._scan(state, queries, phi_k, values, log_forget, gate)
         scores = torch.zeros(batch, heads, n, device=k.device)
         if n > window:
             scores[..., : n - window] = self._readout(
                 x[..., : n - window, :], reads[..., window:, :]
             )
         return scores, state
+
+    def _scan(self, state, queries, keys, values, log_forget, gate):
+        """The causal linear-attention pass over ``L`` steps in chunks of ``chunk_size``: reads
+        ``(B, H, L, dv + 1)`` (step ``i``'s query against the state after step ``i``) and the
+        final state. Shapes as in :meth:`_chunk`."""
+        batch, heads, n, _ = queries.shape
+        reads = torch.empty(batch, heads, n, self.value_dim + 1, device=queries.device)
+        for start in range(0, n, self.chunk_size):
+            end = min(start + self.chunk_size, n)
+            reads[..., start:end, :], state = self._chunk(
+                state,
+                queries[..., start:end, :],
+                keys[..., start:end, :],
+                values[..., start:end, :],
+                log_forget[..., start:end],
+                gate[..., start:end],
+            )
+        return reads, state
 
     @staticmethod
     def _chunk(state, queries, keys, values, log_forget, gate):

@@ -41,12 +41,16 @@ def masked_attention(
     evict_step: torch.Tensor | None,
     scale: float,
     block: int,
+    key_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill attention under eviction steps: ``out (B, Hq, N, D)``, ``lse (B, Hq, N)``.
+    """Prefill attention under eviction steps: ``out (B, Hq, L, D)``, ``lse (B, Hq, L)``; keys
+    ``(B, Hkv, T, D)`` at ``key_positions (B, Hkv, T)`` (default: ``0..T-1`` with ``T == L``).
     ``block`` sizes the reference's query blocks; the kernel tiles on its own."""
     if use_triton(q):
-        return _kernels().masked_attention(q, k, v, evict_step, scale)
-    return attention.masked_attention(q, k, v, evict_step, scale=scale, block=block)
+        return _kernels().masked_attention(q, k, v, evict_step, scale, key_positions)
+    return attention.masked_attention(
+        q, k, v, evict_step, scale=scale, block=block, key_positions=key_positions
+    )
 
 
 @triton_op("kvpop::decode_attention", mutates_args=())

@@ -10,6 +10,9 @@ One interface serves decode and prefill:
 * ``update_state(state, k, v)`` → the state after seeing the new token ``(k, v)``: ``(B, H, D)``.
 * ``score(state, k, v, position)`` → ``(B, H)`` score of the token leaving the window, read
   against the state *after* the update of the current step (the delay of DESIGN §3).
+* ``score_chunk(state, k, v, leaving_k, leaving_v, leaving_position)`` → ``(B, H, L)`` scores
+  of the tokens leaving the window at each of ``L`` steps, plus the state after them: a prompt
+  chunk's prefill, equal to ``L`` decode steps.
 * ``score_sequence(k, v, window)`` → ``(B, H, N)`` scores of all tokens of a prefill, token ``t``
   scored as it will be at step ``t + window``, plus the final state. Entries of the last
   ``window`` tokens are 0: those tokens have not left the window yet.
@@ -98,6 +101,31 @@ class Scorer(nn.Module):
 
     def score(self, state, k, v, position):
         return self.score_tokens(k, v, position)
+
+    def score_chunk(
+        self,
+        state: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        leaving_k: torch.Tensor,
+        leaving_v: torch.Tensor,
+        leaving_position: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scores a run of ``L`` decode steps gives, at once (a prompt chunk's prefill).
+
+        Args:
+            state: ``(B, H, *state_shape)`` before the chunk.
+            k, v: ``(B, H, L, D)`` the chunk's tokens, which update the state one by one.
+            leaving_k, leaving_v: ``(B, H, L, D)`` the token leaving the window at each step,
+                read against the state after that step's update.
+            leaving_position: ``(L,)`` int64 their positions (meaningless entries, for steps
+                at which no token leaves, are scored and ignored by the caller).
+
+        Returns:
+            ``rhat (B, H, L)`` float32 and the state after the chunk.
+        """
+        rhat = self.score_tokens(leaving_k, leaving_v, leaving_position)
+        return rhat.float().expand(leaving_k.shape[:-1]), state
 
     def score_sequence(self, k: torch.Tensor, v: torch.Tensor, window: int):
         n = k.shape[-2]

@@ -1,0 +1,151 @@
+"""Chunked prefill (DESIGN §2, the chunked rule; invariant 2): a prompt entering the bounded cache
+in chunks of any size gives the same outputs, the same held tokens and the same state as the
+one-shot prefill and as one decode step per token, for every scorer."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from test_bounded_cache import TOLERANCE, make_inputs
+
+from kvpop_compile import KVpopConfig, ScorerKind
+from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_tokens, prefill
+from kvpop_compile.runtime.dispatch import triton_kernels_on_cpu
+
+HEAD_DIM = 8
+
+
+def _config(kind, sinks, window, topk, lam):
+    return KVpopConfig(
+        sinks=sinks, window=window, topk=topk, lam=lam, scorer=kind, memory_dim=4,
+        memory_value_dim=4, scorer_hidden=8, prefill_block=5,
+    )  # fmt: skip
+
+
+def _chunk_bounds(n: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """``[0, n)`` cut at the distinct positions ``cuts`` (each in ``1..n-1``)."""
+    edges = [0, *sorted({c for c in cuts if 0 < c < n}), n]
+    return list(zip(edges[:-1], edges[1:], strict=False))
+
+
+def _held(state: BoundedCacheState):
+    """What a later step can read, by position, independent of the pool's slot order:
+    per (batch, head) the sorted positions with their keys, values and pool priorities."""
+    order = torch.sort(state.positions, dim=-1).indices
+    keys = state.keys.gather(2, order.unsqueeze(-1).expand_as(state.keys))
+    values = state.values.gather(2, order.unsqueeze(-1).expand_as(state.values))
+    held = torch.sort(state.positions, dim=-1).values >= 0
+    return (
+        torch.sort(state.positions, dim=-1).values,
+        torch.where(held.unsqueeze(-1), keys, 0),
+        torch.where(held.unsqueeze(-1), values, 0),
+        torch.sort(state.priorities, dim=-1).values,
+    )
+
+
+def _assert_same_state(a: BoundedCacheState, b: BoundedCacheState) -> None:
+    assert a.cached_positions() == b.cached_positions()
+    assert int(a.seen) == int(b.seen)
+    for x, y in zip(_held(a), _held(b), strict=True):
+        torch.testing.assert_close(x, y, **TOLERANCE)
+    torch.testing.assert_close(a.scorer_state, b.scorer_state, **TOLERANCE)
+    # Pre-RoPE keys of the ring's held tokens (an empty ring slot's row is never read).
+    window = a.window_keys.shape[2]
+    held = (a.positions[..., -window:] >= 0).unsqueeze(-1)
+    torch.testing.assert_close(
+        torch.where(held, a.window_keys, 0), torch.where(held, b.window_keys, 0), **TOLERANCE
+    )
+
+
+def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed):
+    config = _config(kind, sinks, window, topk, lam)
+    scorer = build_scorer(config, kv_heads, HEAD_DIM)
+    q, k, raw_k, v = make_inputs(seed, batch, kv_heads, group, n + extra, HEAD_DIM)
+    kwargs = {"scorer": scorer, "config": config, "scale": HEAD_DIM**-0.5}
+
+    def empty():
+        return BoundedCacheState.empty(config, scorer, batch=batch, head_dim=HEAD_DIM)
+
+    def part(lo, hi):
+        return tuple(x[:, :, lo:hi] for x in (q, k, raw_k, v))
+
+    chunked, whole, stepped = empty(), empty(), empty()
+    out_chunked = torch.cat(
+        [prefill(chunked, *part(lo, hi), **kwargs) for lo, hi in _chunk_bounds(n, cuts)], dim=2
+    )
+    out_whole = prefill(whole, *part(0, n), **kwargs)
+    out_stepped = decode_tokens(stepped, *part(0, n), **kwargs)
+    torch.testing.assert_close(out_chunked, out_stepped, **TOLERANCE)
+    torch.testing.assert_close(out_whole, out_stepped, **TOLERANCE)
+    _assert_same_state(chunked, stepped)
+    _assert_same_state(whole, stepped)
+    # The caches decode on identically: nothing a later step reads differs.
+    rest = part(n, n + extra)
+    if extra:
+        torch.testing.assert_close(
+            decode_tokens(chunked, *rest, **kwargs),
+            decode_tokens(stepped, *rest, **kwargs),
+            **TOLERANCE,
+        )
+        assert chunked.cached_positions() == stepped.cached_positions()
+
+
+@given(
+    kind=st.sampled_from([k for k in ScorerKind if not k.attention_fed]),
+    sinks=st.integers(0, 3),
+    window=st.integers(1, 6),
+    topk=st.integers(0, 6),
+    lam=st.sampled_from([0.0, 0.05]),
+    n=st.integers(2, 40),
+    cuts=st.lists(st.integers(1, 39), min_size=1, max_size=5),
+    extra=st.integers(0, 3),
+    batch=st.integers(1, 2),
+    kv_heads=st.integers(1, 2),
+    group=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_chunked_prefill_equals_one_shot_and_decode_steps(
+    kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed
+):
+    _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed)
+
+
+@pytest.mark.parametrize("kind", [k.value for k in ScorerKind])
+@pytest.mark.parametrize(
+    "cuts",
+    [
+        [1, 2, 3],  # single tokens through the sinks
+        [3, 7],  # a chunk ending exactly where the sinks end, one where the window fills
+        [2, 5, 9, 13, 17],  # chunks shorter than the window
+        [12],  # one chunk ending where the pool is full (sinks 3 + window 4 + topk 5)
+        [13, 26],  # chunks longer than the capacity
+    ],
+)
+def test_chunks_ending_on_sink_window_and_pool_boundaries(kind, cuts):
+    """Sinks 3, window 4, pool 5: chunk edges on each region's boundary, for every scorer
+    (the attention-fed ones run their chunks step by step)."""
+    _run(kind, 3, 4, 5, 0.0, 30, cuts, 2, 1, 2, 2, seed=7)
+
+
+def test_chunked_prefill_on_the_triton_kernels_matches_the_reference():
+    """The chunk's attention and eviction steps through the kernels (interpreted on CPU):
+    same outputs and cache as the plain-PyTorch path."""
+    config = _config("memory", 2, 3, 4, 0.0)
+    scorer = build_scorer(config, 2, HEAD_DIM)
+    q, k, raw_k, v = make_inputs(3, 1, 2, 2, 24, HEAD_DIM)
+    kwargs = {"scorer": scorer, "config": config, "scale": HEAD_DIM**-0.5}
+    states, outs = [], []
+    for kernels in (False, True):
+        state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=HEAD_DIM)
+        parts = []
+        for lo, hi in _chunk_bounds(24, [5, 11, 18]):
+            chunk = tuple(x[:, :, lo:hi] for x in (q, k, raw_k, v))
+            if kernels:
+                with triton_kernels_on_cpu():
+                    parts.append(prefill(state, *chunk, **kwargs))
+            else:
+                parts.append(prefill(state, *chunk, **kwargs))
+        states.append(state)
+        outs.append(torch.cat(parts, dim=2))
+    torch.testing.assert_close(outs[1], outs[0], **TOLERANCE)
+    _assert_same_state(states[1], states[0])
