@@ -30,6 +30,8 @@ MiB = 2**20
 SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16),
 }  # fmt: skip
@@ -219,9 +221,19 @@ class Section:
         return "\n\n".join(parts)
 
 
-def qwen3_model(shape: str, *, layers: int, vocab: int, max_positions: int, seed: int = 0):
-    """A Qwen3 with ``SHAPES[shape]`` layers and random weights, in eval mode. The same ``seed``
-    gives the same weights, so a baseline and a transformed copy compute the same function."""
+def qwen3_model(
+    shape: str,
+    *,
+    layers: int,
+    vocab: int,
+    max_positions: int,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+):
+    """A Qwen3 with ``SHAPES[shape]`` layers and random weights, in eval mode, created directly
+    on ``device`` in ``dtype``. The same ``seed`` gives the same weights, so a baseline and a
+    transformed copy compute the same function."""
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {', '.join(SHAPES)}; got {shape!r}")
     torch.manual_seed(seed)
@@ -232,4 +244,10 @@ def qwen3_model(shape: str, *, layers: int, vocab: int, max_positions: int, seed
         attn_implementation="sdpa",
         **SHAPES[shape],
     )
-    return Qwen3ForCausalLM(config).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return Qwen3ForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default)

@@ -61,6 +61,9 @@ class KVpopConfig:
     memory_value_dim: int = 32  # value feature size of the memory scorer
     seed: int = 0  # seed of the `random` scorer and of scorer initialisation
     prefill_block: int = 128  # query rows per block in prefill attention: O(block * N) memory
+    # Tokens per chunk when a prompt enters the cache (None: the capacity). A chunk holds the
+    # cache plus itself in memory, so peak memory does not grow with the prompt's length.
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("sinks", self.sinks, 0)
@@ -71,6 +74,8 @@ class KVpopConfig:
         _check_int("memory_value_dim", self.memory_value_dim, 1)
         _check_int("seed", self.seed, 0)
         _check_int("prefill_block", self.prefill_block, 1)
+        if self.prefill_chunk is not None:
+            _check_int("prefill_chunk", self.prefill_chunk, 1)
         if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)):
             raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
         if not math.isfinite(self.lam) or self.lam < 0:
@@ -87,3 +92,8 @@ class KVpopConfig:
     def capacity(self) -> int:
         """Cache slots per layer and KV head: ``sinks + window + topk``."""
         return self.sinks + self.window + self.topk
+
+    @property
+    def chunk_length(self) -> int:
+        """Tokens per prefill chunk: ``prefill_chunk``, or the capacity when it is unset."""
+        return self.capacity if self.prefill_chunk is None else self.prefill_chunk

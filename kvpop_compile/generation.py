@@ -13,6 +13,7 @@ from functools import partial
 import torch
 from torch import nn
 
+from .config import require_int
 from .engines.tensorrt import import_torch_tensorrt
 from .kv_cache import KVpopCache
 
@@ -41,11 +42,23 @@ def _check_ids(input_ids: torch.Tensor, name: str) -> None:
         )
 
 
-def prefill(model: nn.Module, input_ids: torch.Tensor, cache: KVpopCache) -> torch.Tensor:
+def prefill(
+    model: nn.Module, input_ids: torch.Tensor, cache: KVpopCache, *, chunk: int | None = None
+) -> torch.Tensor:
     """Run ``input_ids (B, N)`` into ``cache`` (continuing the sequence it holds, if any);
-    next-token logits ``(B, vocab)``."""
+    next-token logits ``(B, vocab)``.
+
+    The prompt goes through the model in chunks of ``chunk`` tokens (default: the model's
+    ``KVpopConfig.chunk_length``, the capacity unless set), each continuing the cache exactly,
+    and only the last position's logits are computed: memory above the weights depends on the
+    chunk and the capacity, not on ``N``."""
+    _require_transformed(model)
     _check_ids(input_ids, "input_ids")
-    return model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1]
+    chunk = model.kvpop_config.chunk_length if chunk is None else chunk
+    require_int("chunk", chunk, 1)
+    for piece in input_ids.split(chunk, dim=1):
+        logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits
+    return logits[:, -1]
 
 
 def decode_one_token(

@@ -101,8 +101,8 @@ class KVpopCache(Cache):
 
     @classmethod
     def from_states(cls, config: KVpopConfig, states: list[BoundedCacheState]) -> KVpopCache:
-        """A cache over existing layer states (e.g. an exported step's state inputs). The states
-        are taken to be empty: use it for a prefill only after a reset, or for decode steps."""
+        """A cache over existing layer states (e.g. an exported step's state inputs); a forward
+        continues the sequence they hold."""
         cache = cls(len(states), config)
         for layer, state in zip(cache.layers, states, strict=True):
             layer.state = state

@@ -135,6 +135,10 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
         graph = run_passes(graph, config)
         layer.self_attn = KVpopAttention(attention, graph, config).train(attention.training)
     model.kvpop_config = config
+    if getattr(model, "generation_config", None) is not None:
+        # generate() then prefills a long prompt in chunks that each continue the bounded
+        # cache exactly, so its memory does not grow with the prompt.
+        model.generation_config.prefill_chunk_size = config.chunk_length
     hook = BoundedCacheHook(hf_config.num_hidden_layers, config)
     model.model.register_forward_pre_hook(hook, with_kwargs=True)
     logger.info("transform: %d layers now use KVpop bounded attention", len(model.model.layers))

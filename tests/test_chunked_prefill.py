@@ -2,15 +2,21 @@
 in chunks of any size gives the same outputs, the same held tokens and the same state as the
 one-shot prefill and as one decode step per token, for every scorer."""
 
+import contextlib
+import copy
+from functools import partial
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from kernel_support import kernel_devices, kernels_enabled
 from test_bounded_cache import TOLERANCE, make_inputs
+from tiny_models import prompt, tiny_qwen3
 
+import kvpop_compile as kc
 from kvpop_compile import KVpopConfig, ScorerKind
 from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_tokens, prefill
-from kvpop_compile.runtime.dispatch import triton_kernels_on_cpu
 
 HEAD_DIM = 8
 
@@ -127,25 +133,75 @@ def test_chunks_ending_on_sink_window_and_pool_boundaries(kind, cuts):
     _run(kind, 3, 4, 5, 0.0, 30, cuts, 2, 1, 2, 2, seed=7)
 
 
-def test_chunked_prefill_on_the_triton_kernels_matches_the_reference():
-    """The chunk's attention and eviction steps through the kernels (interpreted on CPU):
-    same outputs and cache as the plain-PyTorch path."""
+@pytest.mark.parametrize("device", kernel_devices())
+def test_chunked_prefill_on_the_triton_kernels_matches_the_reference(device):
+    """The chunks' attention and eviction steps through the Triton kernels (interpreted on the
+    CPU, compiled on a GPU): the same outputs and cache as the plain-PyTorch path on the CPU."""
     config = _config("memory", 2, 3, 4, 0.0)
     scorer = build_scorer(config, 2, HEAD_DIM)
-    q, k, raw_k, v = make_inputs(3, 1, 2, 2, 24, HEAD_DIM)
-    kwargs = {"scorer": scorer, "config": config, "scale": HEAD_DIM**-0.5}
+    inputs = make_inputs(3, 1, 2, 2, 24, HEAD_DIM)
+    kwargs = {"config": config, "scale": HEAD_DIM**-0.5}
     states, outs = [], []
-    for kernels in (False, True):
-        state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=HEAD_DIM)
+    for where, context in (
+        ("cpu", contextlib.nullcontext),
+        (device, partial(kernels_enabled, device)),
+    ):
+        on = copy.deepcopy(scorer).to(where)
+        state = BoundedCacheState.empty(config, on, batch=1, head_dim=HEAD_DIM, device=where)
         parts = []
         for lo, hi in _chunk_bounds(24, [5, 11, 18]):
-            chunk = tuple(x[:, :, lo:hi] for x in (q, k, raw_k, v))
-            if kernels:
-                with triton_kernels_on_cpu():
-                    parts.append(prefill(state, *chunk, **kwargs))
-            else:
-                parts.append(prefill(state, *chunk, **kwargs))
-        states.append(state)
+            chunk = tuple(x[:, :, lo:hi].to(where) for x in inputs)
+            with context():
+                parts.append(prefill(state, *chunk, scorer=on, **kwargs).cpu())
+        states.append(BoundedCacheState(*(t.cpu() for t in state.tensors())))
         outs.append(torch.cat(parts, dim=2))
     torch.testing.assert_close(outs[1], outs[0], **TOLERANCE)
     _assert_same_state(states[1], states[0])
+
+
+def _lm_head_rows(model) -> list[int]:
+    """Record how many positions each forward's ``lm_head`` computes logits for."""
+    rows: list[int] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows.append(out.shape[1]))
+    return rows
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 16, 17, 40])
+def test_model_prefill_in_chunks_gives_the_one_shot_logits_and_cache(chunk):
+    """``kc.prefill`` of a 40-token prompt (capacity 16) in chunks of any size: the last
+    position's logits and the cache of the one-shot prefill; the logits of no other position
+    are computed."""
+    config = KVpopConfig(sinks=2, window=4, topk=10, scorer="memory")
+    model = kc.transform(tiny_qwen3(), config)
+    ids = prompt(length=40)
+    whole = kc.new_cache(model)
+    with torch.no_grad():
+        expected = model(input_ids=ids, cache=whole, use_cache=True).logits[:, -1]
+    rows = _lm_head_rows(model)
+    chunked = kc.new_cache(model)
+    logits = kc.prefill(model, ids, chunked, chunk=chunk)
+    torch.testing.assert_close(logits, expected, **TOLERANCE)
+    assert rows == [1] * -(-40 // chunk)
+    for a, b in zip(chunked.layers, whole.layers, strict=True):
+        _assert_same_state(a.state, b.state)
+
+
+def test_generate_prefills_in_chunks_of_the_configured_length():
+    """``KVpopConfig.prefill_chunk`` sets the chunk of ``kc.prefill`` and of transformers'
+    ``generate()``; the tokens are those of the one-shot prefill."""
+    config = KVpopConfig(sinks=2, window=4, topk=10, scorer="memory", prefill_chunk=7)
+    model = kc.transform(tiny_qwen3(), config)
+    assert model.generation_config.prefill_chunk_size == config.chunk_length == 7
+    ids = prompt(length=30, batch=1)
+    rows = _lm_head_rows(model)
+    tokens = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert rows[:5] == [1, 1, 1, 1, 1]  # five chunks of at most 7 tokens, one row each
+    assert torch.equal(tokens, kc.generate(model, ids, 12))
+
+
+def test_prefill_chunk_is_checked():
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1, got 0"):
+        KVpopConfig(prefill_chunk=0)
+    model = kc.transform(tiny_qwen3(), KVpopConfig(sinks=2, window=4, topk=10))
+    with pytest.raises(ValueError, match="chunk must be an integer >= 1, got 0"):
+        kc.prefill(model, prompt(), kc.new_cache(model), chunk=0)

@@ -58,10 +58,12 @@ def test_engine_in_a_fresh_process_generates_the_eager_tokens(model, engines, fo
     assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
 
 
-def test_aoti_engine_uses_its_prefill_and_other_prompt_lengths_decode(model, engines):
+def test_aoti_engine_prefills_in_chunks_of_its_prefill_length(model, engines):
+    """Prompts of the prefill length, shorter (decode steps) and longer than the capacity (two
+    prefill chunks continuing the cache, then decode steps for the rest)."""
     runner = kc.load(engines["aoti"])
     assert runner.manifest["steps"] == ["decode", "prefill"]
-    for length in (PROMPT_LENGTH, 5):
+    for length in (PROMPT_LENGTH, 5, 2 * PROMPT_LENGTH + 5):
         ids = prompt(seed=length, length=length, batch=1)
         assert torch.equal(runner.generate(ids, 40), kc.generate(model, ids, 40))
 

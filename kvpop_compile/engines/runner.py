@@ -63,15 +63,19 @@ class EngineRunner:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Start a new sequence with the prompt ``(B, N)`` → next-token logits ``(B, vocab)``.
 
-        A prompt of the engine's ``prefill_length`` runs through the prefill step; any other
-        length runs through decode steps (the same result, token by token)."""
+        The prompt runs in chunks of the engine's ``prefill_length`` through its prefill step
+        (each chunk continues the cache exactly), and what is left over, or the whole prompt
+        for an engine without one, through decode steps: the same result either way."""
         input_ids = self._check(input_ids)
         if input_ids.shape[1] < 1:
             raise ValueError("prefill needs at least one token")
         self.reset()
-        if input_ids.shape[1] == self.prefill_length:
-            return self._run("prefill", input_ids)
-        for i in range(input_ids.shape[1]):
+        whole = 0
+        if self.prefill_length:
+            whole = input_ids.shape[1] - input_ids.shape[1] % self.prefill_length
+            for start in range(0, whole, self.prefill_length):
+                logits = self._run("prefill", input_ids[:, start : start + self.prefill_length])
+        for i in range(whole, input_ids.shape[1]):
             logits = self.decode(input_ids[:, i : i + 1])
         return logits
 

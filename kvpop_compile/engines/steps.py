@@ -60,11 +60,12 @@ class DecodeStep(_Step):
 
 
 class PrefillStep(_Step):
-    """``input_ids (B, P) int64, *state -> logits (B, vocab) float32, *state``; the state is
-    emptied and refilled with the prompt (positions ``0..P-1``)."""
+    """``input_ids (B, P) int64, *state -> logits (B, vocab) float32, *state``: ``P`` tokens
+    continue the sequence the state holds (an empty state starts one), as one chunk; only the
+    last position's logits are computed."""
 
     def forward(self, input_ids: torch.Tensor, *state: torch.Tensor):
         state = self._state(state)
-        cache = _cache_over(self.model, state)  # its layers are known empty: a prefill
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True)
+        cache = _cache_over(self.model, state)
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         return (out.logits[:, -1].float(), *state)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from ..generation import prefill
 from ..kv_cache import KVpopCache, cache_bytes
 
 
@@ -90,7 +91,11 @@ def greedy_continuation(
     start = time.perf_counter()
     cache = _new_cache(model)
     batch, length = prompt.shape
-    logits = model(input_ids=prompt, cache=cache, use_cache=True).logits[:, -1]
+    if isinstance(cache, KVpopCache):
+        logits = prefill(model, prompt, cache)  # in chunks, the last position's logits only
+    else:
+        logits = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits
+        logits = logits[:, -1]
     prefilled = time.perf_counter()
     tokens, sizes = [], {}
     for step in range(steps):

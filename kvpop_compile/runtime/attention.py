@@ -71,13 +71,34 @@ def masked_attention(
         visible = key_positions[:, :, None, :seen] <= query_pos  # (B, Hkv, Q, T)
         if evict_step is not None:
             visible &= query_pos < evict_step[:, :, None, :seen]
-        scores = torch.einsum("bhgqd,bhkd->bhgqk", qg[:, :, :, start:end], kf[:, :, :seen]) * scale
-        scores = scores.masked_fill(~visible.unsqueeze(2), float("-inf"))
-        block_lse = torch.logsumexp(scores, dim=-1)
-        probs = (scores - block_lse.unsqueeze(-1)).exp()
-        out[:, :, :, start:end] = torch.einsum("bhgqk,bhkd->bhgqd", probs, vf[:, :, :seen])
-        lse[:, :, :, start:end] = block_lse
+        out[:, :, :, start:end], lse[:, :, :, start:end] = _attend(
+            qg[:, :, :, start:end], kf[:, :, :seen], vf[:, :, :seen], visible, scale
+        )
     return out.reshape(batch, q_heads, n, dim).to(q.dtype), lse.reshape(batch, q_heads, n)
+
+
+def _attend(q, k, v, visible, scale):
+    """Softmax attention of ``q (B, Hkv, G, Q, D)`` over ``k, v (B, Hkv, T, D)`` where
+    ``visible (B, Hkv, Q, T)``, float32: ``out (B, Hkv, G, Q, D)``, ``lse (B, Hkv, G, Q)``.
+
+    On the CPU, PyTorch's fused flash-attention kernel (the one ``scaled_dot_product_attention``
+    runs, here called for its log-sum-exp too) does it in tiles, several times faster than the
+    unfused form below, with the group's queries as extra rows of their KV head."""
+    batch, kv_heads, group, length, dim = q.shape
+    if q.device.type == "cpu":
+        bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill_(~visible, float("-inf")).unsqueeze(2)
+        bias = bias.expand(-1, -1, group, -1, -1).reshape(batch, kv_heads, group * length, -1)
+        rows = q.reshape(batch, kv_heads, group * length, dim)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            rows, k, v, attn_mask=bias, scale=scale
+        )
+        return out.reshape(q.shape), lse.reshape(batch, kv_heads, group, length)
+    scores = torch.einsum("bhgqd,bhkd->bhgqk", q, k) * scale
+    scores = scores.masked_fill(~visible.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = (scores - lse.unsqueeze(-1)).exp()
+    return torch.einsum("bhgqk,bhkd->bhgqd", probs, v), lse
 
 
 def bounded_decode_attention(

@@ -390,9 +390,7 @@ class _Chunk:
         _overwrite_slots(state.values, slots, from_chunk, v.index_select(2, index))
         state.positions[..., slots] = torch.where(from_chunk, newest, state.positions[..., slots])
         ring_rows = raw_k.index_select(2, index[sinks:])
-        state.window_keys.copy_(
-            torch.where(from_chunk[sinks:, None], ring_rows, state.window_keys)
-        )
+        state.window_keys.copy_(torch.where(from_chunk[sinks:, None], ring_rows, state.window_keys))
 
 
 def _gather_rows(source: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
