@@ -124,6 +124,11 @@ def _all_launches(dtype: torch.dtype) -> list[tuple[object, tuple, dict]]:
         steps = torch.full((b, hkv, n), n)
         kernels.masked_attention(qn, kn, kn, steps, 0.125)
         kernels.masked_attention(qn, kn, kn, None, 0.125)
+        # A prompt chunk continuing a cache: keys with positions, the cache's first.
+        held = torch.cat([keys, kn], dim=2)
+        key_positions = torch.arange(cap + n).expand(b, hkv, cap + n).contiguous()
+        kernels.masked_attention(qn, held, held, torch.full_like(key_positions, n), 0.125,
+                                 key_positions)  # fmt: skip
         kernels.future_attention_target(qn, kn, torch.zeros(b, hkv * g, n), window, 0.125)
     finally:
         patches.undo()
