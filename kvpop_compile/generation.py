@@ -12,13 +12,24 @@ from functools import partial
 
 import torch
 from torch import nn
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from .config import require_int
 from .engines.tensorrt import import_torch_tensorrt
 from .kv_cache import KVpopCache
 
-DecodeStep = Callable[[torch.Tensor, torch.Tensor, KVpopCache], torch.Tensor]
+DecodeStep = Callable[[torch.Tensor, torch.Tensor | None, KVpopCache], torch.Tensor]
 BACKENDS = ("inductor", "tensorrt")
+# generate()'s default stop ids: the model's generation config's, as transformers' generate().
+USE_MODEL_DEFAULT = object()
+# What transformers' generate() samples with when neither the call nor the model's generation
+# config sets a value (GenerationConfig's global defaults).
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
 def _require_transformed(model: nn.Module) -> None:
@@ -62,23 +73,44 @@ def prefill(
 
 
 def decode_one_token(
-    model: nn.Module, token: torch.Tensor, position: torch.Tensor, cache: KVpopCache
+    model: nn.Module, token: torch.Tensor, position: torch.Tensor | None, cache: KVpopCache
 ) -> torch.Tensor:
-    """One decode step: ``token (B, 1)`` at ``position (B, 1)`` → logits ``(B, vocab)``."""
-    if token.dim() != 2 or token.shape[1] != 1 or position.shape != token.shape:
-        raise ValueError(
-            f"expected token and position of shape (batch, 1), got {tuple(token.shape)} and "
-            f"{tuple(position.shape)}"
-        )
-    out = model(input_ids=token, position_ids=position, cache=cache, use_cache=True)
+    """One decode step: ``token (B, 1)`` → logits ``(B, vocab)``.
+
+    The token's position is the number of tokens the cache has seen, read on the device (no
+    host synchronisation). ``position (B, 1)`` may be passed to state it: run eagerly, a
+    position that disagrees with the cache raises; ``None`` skips the check."""
+    if token.dim() != 2 or token.shape[1] != 1:
+        raise ValueError(f"expected token of shape (batch, 1), got {tuple(token.shape)}")
+    seen = cache.get_seq_length()
+    if not torch.is_tensor(seen):  # a cache no forward has written yet
+        seen = torch.zeros((), dtype=torch.long, device=token.device)
+    if position is not None and not torch.compiler.is_compiling():
+        _check_position(position, token, seen)
+    position_ids = seen.view(1, 1).expand(token.shape[0], 1)
+    out = model(input_ids=token, position_ids=position_ids, cache=cache, use_cache=True)
     return out.logits[:, -1]
+
+
+def _check_position(position: torch.Tensor, token: torch.Tensor, seen: torch.Tensor) -> None:
+    if not torch.is_tensor(position) or position.shape != token.shape:
+        shape = tuple(position.shape) if torch.is_tensor(position) else type(position).__name__
+        raise ValueError(f"expected position of shape {tuple(token.shape)}, got {shape}")
+    expected = int(seen)
+    if bool((position != expected).any()):
+        raise ValueError(
+            f"position {position.flatten().tolist()} disagrees with the cache, which holds "
+            f"{expected} tokens: the next token's position is {expected} (pass None to take it "
+            "from the cache)"
+        )
 
 
 def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeStep:
     """The transformed model's decode step, compiled whole (``fullgraph=True``).
 
-    Returns ``step(token (B, 1), position (B, 1), cache) -> logits (B, vocab)``; pass it to
-    :func:`generate`. Every step reuses one graph: the cache is fixed-size and updated in place.
+    Returns ``step(token (B, 1), position (B, 1) or None, cache) -> logits (B, vocab)``; pass
+    it to :func:`generate`. Every step reuses one graph: the cache is fixed-size and updated
+    in place.
     """
     _require_transformed(model)
     if backend not in BACKENDS:
@@ -97,21 +129,123 @@ def generate(
     *,
     step: DecodeStep | None = None,
     cache: KVpopCache | None = None,
+    eos_token_id: int | list[int] | None = USE_MODEL_DEFAULT,
+    pad_token_id: int | None = None,
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
 ) -> torch.Tensor:
-    """Greedy generation: ``input_ids (B, N)`` → ``(B, N + max_new_tokens)``.
+    """Generate after ``input_ids (B, N)`` → ``(B, N + T)``, ``T <= max_new_tokens``.
+
+    Greedy by default; ``do_sample`` samples with ``temperature``, ``top_k`` and ``top_p``
+    (by default the model's ``generation_config`` values, else transformers' defaults: top-k
+    50) applied by transformers' own warpers, from a generator seeded with ``seed``
+    (default: the global one), so the tokens equal ``model.generate()``'s with the same
+    settings after ``torch.manual_seed(seed)``. Generation stops at ``eos_token_id`` (one id
+    or several; by default the model's ``generation_config.eos_token_id``; ``None``: never): a
+    row that has ended is filled with ``pad_token_id`` (default: the generation config's, else
+    the first EOS id), and the loop ends once every row has ended.
 
     ``step`` is the decode step (``compile(model)``'s, or eager by default). A ``cache`` that
     already holds a sequence is continued: ``input_ids`` are the tokens that follow it."""
     _require_transformed(model)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    require_int("max_new_tokens", max_new_tokens, 1)
+    eos = _eos_ids(model, eos_token_id)
+    pad = _pad_id(model, pad_token_id, eos)
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    choose = _token_chooser(model, do_sample, sampling, input_ids.device)
     cache = new_cache(model) if cache is None else cache
     step = partial(decode_one_token, model) if step is None else step
-    token = prefill(model, input_ids, cache).argmax(dim=-1, keepdim=True)
-    tokens = [input_ids, token]
-    position = torch.full_like(token, int(cache.get_seq_length()))
+    token = choose(input_ids, prefill(model, input_ids, cache))
+    tokens = torch.cat([input_ids, token], dim=1)
+    ended = _is_eos(token, eos)
     for _ in range(max_new_tokens - 1):
-        token = step(token, position, cache).argmax(dim=-1, keepdim=True)
-        tokens.append(token)
-        position = position + 1
-    return torch.cat(tokens, dim=1)
+        if eos is not None and bool(ended.all()):
+            break
+        logits = step(token, None, cache)
+        token = choose(tokens, logits)
+        if eos is not None:
+            token = torch.where(ended, pad, token)
+            ended |= _is_eos(token, eos)
+        tokens = torch.cat([tokens, token], dim=1)
+    return tokens
+
+
+def _eos_ids(model: nn.Module, eos_token_id) -> torch.Tensor | None:
+    """The stop ids as a 1-d tensor, or ``None`` for no stop."""
+    if eos_token_id is USE_MODEL_DEFAULT:
+        generation_config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    for value in ids:
+        require_int("eos_token_id", value, 0)
+    return torch.tensor(ids) if ids else None
+
+
+def _pad_id(model: nn.Module, pad_token_id, eos: torch.Tensor | None) -> int | None:
+    if pad_token_id is None:
+        generation_config = getattr(model, "generation_config", None)
+        pad_token_id = getattr(generation_config, "pad_token_id", None)
+    if pad_token_id is None and eos is not None:
+        pad_token_id = int(eos[0])  # as transformers does when no pad id is set
+    if pad_token_id is not None:
+        require_int("pad_token_id", pad_token_id, 0)
+    return pad_token_id
+
+
+def _is_eos(token: torch.Tensor, eos: torch.Tensor | None) -> torch.Tensor:
+    """``(B, 1)`` bool: the token is a stop id."""
+    if eos is None:
+        return torch.zeros_like(token, dtype=torch.bool)
+    return torch.isin(token, eos.to(token.device))
+
+
+def _sampling_default(model: nn.Module, name: str, value):
+    """``value``, else the model's generation config's, else transformers' own default."""
+    if value is None:
+        value = getattr(getattr(model, "generation_config", None), name, None)
+    return SAMPLING_DEFAULTS[name] if value is None else value
+
+
+def _token_chooser(model: nn.Module, do_sample: bool, sampling: dict, device):
+    """``choose(tokens (B, T), logits (B, vocab)) -> (B, 1)``: argmax, or a sample through
+    transformers' temperature / top-k / top-p warpers."""
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
+    if not do_sample:
+        given = [f"{name}={value!r}" for name, value in sampling.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} needs do_sample=True (decoding is greedy)")
+        return lambda tokens, logits: logits.argmax(dim=-1, keepdim=True)
+    temperature, top_k, top_p = (_sampling_default(model, name, sampling[name])
+                                 for name in ("temperature", "top_k", "top_p"))  # fmt: skip
+    warpers = LogitsProcessorList()
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k:  # transformers' 0 means no top-k
+        require_int("top_k", top_k, 1)
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(float(top_p)))
+    generator = None
+    if sampling["seed"] is not None:
+        require_int("seed", sampling["seed"], 0)
+        generator = torch.Generator(device).manual_seed(sampling["seed"])
+
+    def choose(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(warpers(tokens, logits.float()), dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=generator)
+
+    return choose
