@@ -119,3 +119,63 @@ def test_attention_without_rotary_keys_is_an_error():
     gm = replace_attention(gm, CONFIG)
     with pytest.raises(ValueError, match="do not come from a rotary embedding"):
         insert_scorer(gm, CONFIG)
+
+
+class NodeValues(torch.fx.Interpreter):
+    """Runs a graph and keeps the value of every node."""
+
+    def run_node(self, node):
+        value = super().run_node(node)
+        self.values[node] = value
+        return value
+
+    def __call__(self, *inputs):
+        self.values = {}
+        with torch.no_grad():
+            self.run(*inputs)
+        return self.values
+
+
+def bounded_call(gm):
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_module"]
+    return node
+
+
+def test_insert_scorer_feeds_knorm_the_keys_before_k_norm():
+    model, attention, gm = captured("sdpa", head_dim=32)
+    config = KVpopConfig(sinks=1, window=2, topk=3, scorer="knorm")
+    gm = run_passes(gm, config)
+    scorer = gm.kvpop_attention_0.scorer
+    hidden = torch.randn(2, 9, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(9).unsqueeze(0).expand(2, -1))
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=32)
+    values = NodeValues(gm)(hidden, cos, sin, *state.tensors())
+    fed = values[bounded_call(gm).args[3]]
+    with torch.no_grad():
+        before_norm = attention.k_proj(hidden).view(2, 9, -1, 32).transpose(1, 2)
+    torch.testing.assert_close(fed, before_norm, rtol=0, atol=0)
+    # The scorer reads the very norm the model applies: ||k_norm(x)|| in float64.
+    weight = attention.k_norm.weight.double()
+    x = before_norm.double()
+    eps = attention.k_norm.variance_epsilon
+    keys = weight * x / (x.square().mean(-1, keepdim=True) + eps).sqrt()
+    expected = weight.norm() - keys.norm(dim=-1)
+    score = scorer.score_tokens(before_norm, before_norm, torch.arange(9))
+    torch.testing.assert_close(score.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_knorm_needs_a_key_norm_in_the_graph():
+    class RopeWithoutNorm(torch.nn.Module):
+        def forward(self, q, k, v, cos, sin):
+            half = k.shape[-1] // 2
+            rotated = torch.cat([-k[..., half:], k[..., :half]], dim=-1)
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k * cos + rotated * sin, v, is_causal=True
+            )
+
+    x = torch.randn(1, 2, 4, 8)
+    gm = torch.export.export(RopeWithoutNorm(), tuple(x.clone() for _ in range(5))).module()
+    gm = replace_attention(gm, CONFIG)
+    with pytest.raises(ValueError, match="reads keys before the key norm, but the pre-RoPE keys"):
+        insert_scorer(gm, KVpopConfig(sinks=1, window=2, topk=2, scorer="knorm"))
+    insert_scorer(gm, CONFIG)  # a scorer of keys after the norm needs none
