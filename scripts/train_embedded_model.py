@@ -18,10 +18,10 @@ reads the first 2049 bytes of every held-out file that long.
 
 With ``--recall-fraction``, that share of the 2048-byte rows are long-range recall items from the
 training files (``kvpop_compile.embedded.recall``): 2048 bytes of items of one length drawn from
-256, 512, 1024 and 2048 (eight items to one), each item's task drawn uniformly. From 1024- and
-2048-byte items alone the shipped model's answer loss stayed at chance for 450 steps; short
-items, where the answer is near, give the lookup a gradient it can find. The loss is the mean
-over all bytes plus ``--answer-weight`` times the mean over the answer bytes, which are a
+``--recall-lengths`` (256 to 2048; eight items to one), each item's task drawn uniformly. Short
+items pack more answers into a row and put the answer nearer its question, which is where a
+model that has never copied anything from far back (the shipped one) can start. The loss is the
+mean over all bytes plus ``--answer-weight`` times the mean over the answer bytes, which are a
 handful in 2048 and would barely count otherwise. The held-out report adds full-attention exact
 match on held-out recall items per task and length.
 
@@ -128,6 +128,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--answer-weight", type=float, default=1.0, help="weight of the recall answers' mean loss"
     )
+    p.add_argument(
+        "--recall-lengths",
+        default=",".join(map(str, TRAINING_LENGTHS)),
+        help="item lengths a recall row draws from, uniformly (repeat one to weight it)",
+    )
     p.add_argument("--checkpoint-every", type=float, default=10.0, help="minutes (0: never)")
     p.add_argument(
         "--checkpoint-dir", type=Path, default=None, help="default: <out>.checkpoint beside --out"
@@ -144,6 +149,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"--batch-tokens must be >= {LONG_LEN}, got {args.batch_tokens}")
     if not 0.0 <= args.recall_fraction <= 1.0:
         raise SystemExit(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    lengths = args.recall_lengths.split(",")
+    if not all(n.isdigit() and int(n) in TRAINING_LENGTHS for n in lengths):
+        raise SystemExit(
+            f"--recall-lengths must be a comma-separated list of {TRAINING_LENGTHS}, "
+            f"got {args.recall_lengths!r}"
+        )
+    args.recall_lengths = [int(n) for n in lengths]
     if args.answer_weight < 0:
         raise SystemExit(f"--answer-weight must be >= 0, got {args.answer_weight}")
     if args.checkpoint_every < 0:
@@ -183,8 +195,8 @@ class RecallMix:
     never repeats an item; ``state``/``load_state`` carry the position across a resume.
     """
 
-    def __init__(self, fraction: float, seed: int):
-        self.fraction, self.seed = fraction, seed
+    def __init__(self, fraction: float, lengths: list[int], seed: int):
+        self.fraction, self.lengths, self.seed = fraction, lengths, seed
         self.rng = random.Random(f"recall-mix/{seed}")
         self.next_index = 0
 
@@ -196,7 +208,7 @@ class RecallMix:
         for row in range(ids.shape[0]):
             if self.rng.random() >= self.fraction:
                 continue
-            length = self.rng.choice(TRAINING_LENGTHS)
+            length = self.rng.choice(self.lengths)
             data, start = b"", 0
             for _ in range(LONG_LEN // length):
                 item = self._item(self.rng.choice(TASKS), length)
@@ -347,7 +359,7 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed + 1)
-    mix = RecallMix(args.recall_fraction, args.seed)
+    mix = RecallMix(args.recall_fraction, args.recall_lengths, args.seed)
     budget = args.minutes * 60.0
     done = Progress()
     spent = 0.0  # seconds of training before this process (a resumed run)
@@ -449,6 +461,7 @@ def this_run(args, argv, done: Progress) -> dict:
         "lr": args.lr,
         "long_fraction": args.long_fraction,
         "recall_fraction": args.recall_fraction,
+        "recall_lengths": args.recall_lengths,
         "answer_weight": args.answer_weight,
         "recall_items": done.recall_items,
         "steps_short": done.steps_short,
@@ -552,17 +565,17 @@ def recall_section(recall: dict, runs: list[dict]) -> str:
     )
     if trained:
         mix = ", ".join(
-            f"run {runs.index(r) + 1}: {r['recall_fraction']:.0%} of the 2048-byte rows "
-            f"({r['recall_items']:,} items, answer weight {r['answer_weight']:g})"
+            f"run {runs.index(r) + 1}: {r['recall_fraction']:.0%} of the 2048-byte rows, "
+            f"{r['recall_items']:,} items, answer weight {r['answer_weight']:g}, item lengths "
+            f"drawn from {r['recall_lengths']}"
             for r in trained
         )
         how = f"""Recall items were mixed into training ({mix}). A recall row is 2048 bytes of
-items of one length drawn from {", ".join(map(str, TRAINING_LENGTHS))} (eight items to one),
-each item's task drawn uniformly; the loss on such a row is the ordinary
-next-byte loss over all its bytes (the planted lines and the question included) plus the answer
-weight times the mean loss over the answer bytes. Training items come from the training files
-with the run's seed; the items below come from the held-out files, and the split's name is part
-of every item's seed, so no training item can equal a held-out one."""
+items of one length (eight items to one), each item's task drawn uniformly; the loss on such a
+row is the ordinary next-byte loss over all its bytes (the planted lines and the question
+included) plus the answer weight times the mean loss over the answer bytes. Training items come
+from the training files with the run's seed; the items below come from the held-out files, and
+the split's name is part of every item's seed, so no training item can equal a held-out one."""
     else:
         how = "No recall items were trained on; the figures below measure the model as it is."
     return f"""## Long-range recall
