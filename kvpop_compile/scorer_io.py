@@ -1,9 +1,11 @@
 """Save and load a transformed model's scorers: ``scorer.safetensors`` + ``scorer.json``.
 
-The JSON records what the tensors mean (scorer kind and sizes, window, model shapes); loading
-refuses a scorer whose shapes or config do not match the model and names the mismatch. Each
-file is written to a temporary name and renamed into place, tensors first and the JSON last, so
-an interrupted save never leaves a folder that loads.
+The JSON records what the tensors mean (scorer kind and sizes, window, model shapes) and the
+SHA-256 of the tensors file; loading refuses a scorer whose shapes or config do not match the
+model and names the mismatch, a tensors file that is not the one saved (corrupted, truncated or
+swapped), and parameters that are not finite (a NaN score never wins, so a NaN scorer silently
+freezes the pool). Each file is written to a temporary name and renamed into place, tensors
+first and the JSON last, so an interrupted save never leaves a folder that loads.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import __version__
 from .atomic import atomic_write
 from .config import KVpopConfig
+from .engines.manifest import sha256
 
 FORMAT = "kvpop-scorer"
-FORMAT_VERSION = 1
+# Version 2 records the tensors file's SHA-256 (``tensors_sha256``); version 1 did not.
+FORMAT_VERSION = 2
 TENSORS_FILE = "scorer.safetensors"
 CONFIG_FILE = "scorer.json"
 # Config fields a trained scorer depends on: its architecture and the delay it was trained for.
@@ -59,17 +65,31 @@ def _describe(model: nn.Module) -> dict:
     )
 
 
+def _check_finite(tensors: dict[str, torch.Tensor], where: Path) -> None:
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{where}: {name} has {count} non-finite value(s) (NaN or inf); a scorer's "
+                "parameters must all be finite"
+            )
+
+
 def save_scorers(scorers: list[nn.Module], description: dict, path: str | os.PathLike) -> Path:
-    """Write per-layer ``scorers`` and their ``description`` to the folder ``path``."""
+    """Write per-layer ``scorers`` and their ``description`` to the folder ``path``, with the
+    SHA-256 of the tensors file. Non-finite parameters are refused before anything is written."""
     folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
     tensors = {
         f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
         for i, scorer in enumerate(scorers)
         for name, tensor in scorer.state_dict().items()
     }
+    _check_finite(tensors, folder)
+    folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
-    text = json.dumps(description, indent=2, sort_keys=True)
+    # Hash the file as written, so loading checks exactly the bytes that are on disk.
+    described = {**description, "tensors_sha256": sha256(folder / TENSORS_FILE)}
+    text = json.dumps(described, indent=2, sort_keys=True)
     atomic_write(folder / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text))
     return folder
 
@@ -91,12 +111,43 @@ def _read_description(folder: Path) -> dict:
         raise ValueError(f"{folder / CONFIG_FILE} is not valid JSON: {error}") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("kvpop_config"), dict):
         raise ValueError(f"{folder / CONFIG_FILE} is not a {FORMAT} file (no kvpop_config)")
+    if saved.get("format") == FORMAT and saved.get("format_version") == 1:
+        raise ValueError(
+            f"{folder / CONFIG_FILE} is a {FORMAT} v1 file, which records no SHA-256 of "
+            f"{TENSORS_FILE}, so its tensors cannot be verified; this kvpop_compile reads "
+            f"v{FORMAT_VERSION}: save the scorer again (save_scorer) to record one"
+        )
     if saved.get("format") != FORMAT or saved.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{folder / CONFIG_FILE} is not a {FORMAT} v{FORMAT_VERSION} file "
             f"(format {saved.get('format')!r}, version {saved.get('format_version')!r})"
         )
+    digest = saved.get("tensors_sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise ValueError(
+            f"{folder / CONFIG_FILE} has no valid tensors_sha256 (a 64-digit hex SHA-256 of "
+            f"{TENSORS_FILE}), got {digest!r}"
+        )
     return saved
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The verified tensors of a saved scorer folder: the file's SHA-256 must be the one saved
+    in ``scorer.json``, the file must parse, and every floating-point tensor must be finite."""
+    folder = Path(path)
+    saved = _read_description(folder)
+    file = folder / TENSORS_FILE
+    if sha256(file) != saved["tensors_sha256"]:
+        raise ValueError(
+            f"{file} is corrupted, truncated or not the file that was saved: its SHA-256 "
+            f"differs from the one recorded in {folder / CONFIG_FILE}"
+        )
+    try:
+        tensors = load_file(file)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{file} is not a readable safetensors file: {error}") from None
+    _check_finite(tensors, file)
+    return tensors
 
 
 def saved_config(path: str | os.PathLike) -> KVpopConfig:
@@ -129,7 +180,7 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
                 f"scorer mismatch: saved with {key}={have!r}, the model is transformed with "
                 f"{key}={want!r}"
             )
-    tensors = load_file(folder / TENSORS_FILE)
+    tensors = read_tensors(folder)
     for i, attention in enumerate(_attentions(model)):
         prefix = f"layers.{i}."
         layer = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

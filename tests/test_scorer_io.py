@@ -1,13 +1,16 @@
 """save_scorer / load_scorer round trip and refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
 from kvpop_compile import scorer_io
+from kvpop_compile.evaluation.methods import EMBEDDED_SCORERS
 
 CONFIG = kc.KVpopConfig(sinks=2, window=4, topk=6, scorer="memory")
 
@@ -74,7 +77,7 @@ def test_missing_or_corrupt_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"is not a kvpop-scorer file \(no kvpop_config\)"):
         kc.load_scorer(model, tmp_path)
     (tmp_path / "scorer.json").write_text(json.dumps({"format": "other", "kvpop_config": {}}))
-    with pytest.raises(ValueError, match="is not a kvpop-scorer v1 file"):
+    with pytest.raises(ValueError, match="is not a kvpop-scorer v2 file"):
         kc.load_scorer(model, tmp_path)
     with pytest.raises(ValueError, match="is not transformed"):
         kc.save_scorer(tiny_qwen3(), tmp_path / "never")
@@ -105,3 +108,79 @@ def test_a_failed_save_leaves_the_previous_scorer_intact(tmp_path, monkeypatch):
         kc.save_scorer(model, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     kc.load_scorer(transformed(), tmp_path)
+
+
+def rewrite_tensors(folder: Path, change) -> None:
+    """Replace the saved tensors by ``change(tensors)`` and record the new file's SHA-256, as a
+    valid save of those tensors would."""
+    tensors = scorer_io.load_file(folder / "scorer.safetensors")
+    save_file(change(tensors), folder / "scorer.safetensors")
+    description = json.loads((folder / "scorer.json").read_text())
+    description["tensors_sha256"] = scorer_io.sha256(folder / "scorer.safetensors")
+    (folder / "scorer.json").write_text(json.dumps(description))
+
+
+def test_corrupted_or_truncated_tensors_are_refused_naming_the_file(tmp_path):
+    model = transformed()
+    kc.save_scorer(model, tmp_path)
+    tensors_file = tmp_path / "scorer.safetensors"
+    original = tensors_file.read_bytes()
+    # The last 400 bytes hold parameters: overwritten, they parse as other (NaN) numbers.
+    tensors_file.write_bytes(original[:-400] + b"\xff" * 400)
+    with pytest.raises(ValueError, match=f"{tensors_file} is corrupted, truncated .*SHA-256"):
+        kc.load_scorer(model, tmp_path)
+    tensors_file.write_bytes(original[:100])
+    with pytest.raises(ValueError, match=f"{tensors_file} is corrupted, truncated"):
+        kc.load_scorer(model, tmp_path)
+    # Even with a matching hash, a file safetensors cannot parse is reported with its path.
+    description = json.loads((tmp_path / "scorer.json").read_text())
+    description["tensors_sha256"] = scorer_io.sha256(tensors_file)
+    (tmp_path / "scorer.json").write_text(json.dumps(description))
+    with pytest.raises(ValueError, match=f"{tensors_file} is not a readable safetensors file"):
+        kc.load_scorer(model, tmp_path)
+    tensors_file.write_bytes(original)
+    with pytest.raises(ValueError, match="is corrupted, truncated"):
+        kc.load_scorer(model, tmp_path)  # the recorded hash is the truncated file's now
+
+
+def test_non_finite_parameters_are_refused_at_save_and_load(tmp_path):
+    model = transformed()
+    kc.save_scorer(model, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with torch.no_grad():
+        scorers(model)[1].w_key[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"layers\.1\.w_key has 1 non-finite value"):
+        kc.save_scorer(model, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+    def poison(tensors):
+        tensors["layers.0.w_key"][0, 0, :3] = float("inf")
+        return tensors
+
+    rewrite_tensors(tmp_path, poison)
+    fresh = transformed()
+    kept = scorers(fresh)[0].w_key.clone()
+    with pytest.raises(ValueError, match=r"layers\.0\.w_key has 3 non-finite value\(s\)"):
+        kc.load_scorer(fresh, tmp_path)
+    assert torch.equal(scorers(fresh)[0].w_key, kept)  # nothing was loaded
+
+
+def test_saved_folders_record_the_tensors_sha256(tmp_path):
+    kc.save_scorer(transformed(), tmp_path)
+    saved = json.loads((tmp_path / "scorer.json").read_text())
+    assert saved["format_version"] == 2
+    assert saved["tensors_sha256"] == scorer_io.sha256(tmp_path / "scorer.safetensors")
+    del saved["tensors_sha256"]
+    (tmp_path / "scorer.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="has no valid tensors_sha256"):
+        kc.load_scorer(transformed(), tmp_path)
+    saved["format_version"] = 1
+    (tmp_path / "scorer.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="is a kvpop-scorer v1 file, which records no SHA-256"):
+        kc.load_scorer(transformed(), tmp_path)
+
+
+@pytest.mark.parametrize("folder", sorted(EMBEDDED_SCORERS.iterdir()), ids=lambda f: f.name)
+def test_shipped_scorers_are_verified(folder):
+    tensors = scorer_io.read_tensors(folder)
+    assert tensors and all(torch.isfinite(t).all() for t in tensors.values())
