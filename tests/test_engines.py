@@ -14,6 +14,7 @@ import torch
 from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
+from kvpop_compile.engines.api import weights_sha256
 from kvpop_compile.engines.manifest import read_manifest
 from kvpop_compile.engines.onnx_engine import TENSORRT_ONNX_OPS
 
@@ -169,6 +170,56 @@ def test_damaged_or_mismatched_engines_are_refused(model, engines, tmp_path):
     with pytest.raises(ValueError, match="engine mismatch: exported for a model with vocab_size"):
         kc.load(engines["onnx"], model=tiny_qwen3(vocab_size=300))
     kc.load(engines["onnx"], config=CONFIG, model=model)
+
+
+def edit_manifest(change):
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+    return damage
+
+
+def test_an_edited_manifest_is_refused(engines, tmp_path):
+    # The engine still runs window 4 and batch 1 whatever the manifest is edited to say.
+    window_8 = edit_manifest(lambda m: m["kvpop_config"].update(window=8))
+    edited = kc.KVpopConfig(sinks=2, window=8, topk=10, scorer="memory")
+    with pytest.raises(ValueError, match="manifest.json was edited or corrupted"):
+        kc.load(damaged_copy(engines, tmp_path / "a", window_8), config=edited)
+    batch_2 = edit_manifest(lambda m: m.update(batch=2))
+    with pytest.raises(ValueError, match="manifest.json was edited or corrupted"):
+        kc.load(damaged_copy(engines, tmp_path / "b", batch_2))
+    # Rewriting the same content in another layout is not an edit.
+    kc.load(damaged_copy(engines, tmp_path / "c", edit_manifest(lambda m: None)))
+
+
+def test_load_refuses_a_model_with_other_weights(model, engines):
+    assert read_manifest(engines["onnx"])["weights_sha256"] == weights_sha256(model)
+    other_llm = kc.transform(tiny_qwen3(seed=1), CONFIG)
+    with pytest.raises(ValueError, match="engine mismatch: exported from other weights"):
+        kc.load(engines["onnx"], model=other_llm)
+    other_scorer = kc.transform(tiny_qwen3(), CONFIG)
+    with torch.no_grad():
+        other_scorer.model.layers[1].self_attn.scorer.w_key.add_(1e-3)
+    with pytest.raises(ValueError, match="engine mismatch: exported from other weights"):
+        kc.load(engines["onnx"], model=other_scorer)
+    kc.load(engines["onnx"], model=kc.transform(tiny_qwen3(), CONFIG))  # equal weights
+
+
+def test_runner_refuses_bad_ids_before_running_the_engine(engines):
+    runner = kc.load(engines["onnx"])
+    calls = []
+    runner.steps = {name: lambda inputs, name=name: calls.append(name) for name in runner.steps}
+    with pytest.raises(ValueError, match="token ids must be integers, got torch.float32"):
+        runner.generate(torch.tensor([[1.0, 2.7]]), 3)
+    with pytest.raises(ValueError, match="token ids must be integers, got torch.bool"):
+        runner.decode(torch.tensor([[True]]))
+    with pytest.raises(ValueError, match=r"exported for batch 1\), got \(2, 3\)"):
+        runner.prefill(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="token ids must be a torch.Tensor, got list"):
+        runner.decode([[1]])
+    assert calls == []
 
 
 def test_export_refusals(model, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +31,19 @@ MODEL_FIELDS = (
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def weights_sha256(model: nn.Module) -> str:
+    """SHA-256 of a model's ``state_dict`` (the LLM's weights and the scorers' parameters): every
+    entry's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach()
+        digest.update(f"{name}|{_dtype_name(tensor.dtype)}|{list(tensor.shape)}\n".encode())
+        # Raw bytes whatever the dtype (numpy has no bfloat16): view them as uint8.
+        raw = tensor.cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(raw.numpy().data)
+    return digest.hexdigest()
 
 
 def _model_description(model: nn.Module) -> dict:
@@ -94,6 +108,7 @@ def export(
         "batch": batch,
         "prefill_length": prefill_length,
         "model": _model_description(model),
+        "weights_sha256": weights_sha256(model),
         "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
         "state": [
             {"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
@@ -112,7 +127,8 @@ def load(
     path: str | os.PathLike, *, config: KVpopConfig | None = None, model: nn.Module | None = None
 ) -> EngineRunner:
     """Open an engine folder. With ``config`` or ``model`` given, refuse an engine exported for a
-    different KVpop config or model architecture."""
+    different KVpop config, or for a model of another architecture or other weights (the
+    weights, scorers included, are hashed: a few seconds per GB)."""
     folder = Path(path)
     manifest = read_manifest(folder)
     format = manifest.get("format")
@@ -132,5 +148,12 @@ def load(
                     f"engine mismatch: exported for a model with {key}="
                     f"{manifest['model'].get(key)!r}, this model has {key}={value!r}"
                 )
+        # Same architecture is not the same model: the engine carries the exported weights.
+        if manifest.get("weights_sha256") != weights_sha256(model):
+            raise ValueError(
+                "engine mismatch: exported from other weights (the SHA-256 of this model's "
+                f"state_dict is not the recorded {manifest.get('weights_sha256')!r}); export this "
+                "model to get its engine"
+            )
     steps = FORMATS[format].open_steps(folder, manifest)
     return EngineRunner(folder, manifest, steps, device=manifest.get("device", "cpu"))

@@ -1,8 +1,11 @@
 """The engine folder: engine files plus ``manifest.json``, written atomically and verified.
 
-The manifest says what the engine is (format, model and KVpop config, dtypes, the cache
-state's names/shapes/dtypes, versions) and holds a SHA-256 of every engine file, so a corrupted,
-truncated or swapped file is refused instead of producing wrong tokens.
+The manifest says what the engine is (format, model and KVpop config, the SHA-256 of the
+weights it was exported from, dtypes, the cache state's names/shapes/dtypes, versions) and holds
+a SHA-256 of every engine file, so a corrupted, truncated or swapped file is refused instead of
+producing wrong tokens. It also holds the SHA-256 of its own content: the engine files were
+built for exactly what the manifest says, so an edited manifest (a window, a batch) would
+describe an engine that does not exist, and is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from .. import __version__
 from ..atomic import replace_folder
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+# Version 2 adds the manifest's own hash and the weights' hash.
+MANIFEST_VERSION = 2
 
 
 def sha256(path: Path) -> str:
@@ -25,6 +29,14 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def manifest_sha256(manifest: dict) -> str:
+    """SHA-256 of a manifest's content (its own ``manifest_sha256`` entry left out), over the
+    canonical JSON text, so it does not depend on indentation or key order."""
+    content = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def write_engine_folder(path: Path, build: Callable[[Path], None], manifest: dict) -> Path:
@@ -44,6 +56,7 @@ def write_engine_folder(path: Path, build: Callable[[Path], None], manifest: dic
             "library_version": __version__,
             "files": {str(p.relative_to(staging)): sha256(p) for p in files},
         }
+        complete["manifest_sha256"] = manifest_sha256(complete)
         (staging / MANIFEST).write_text(json.dumps(complete, indent=2, sort_keys=True))
 
     replace_folder(path, build_and_hash)
@@ -69,6 +82,12 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(
             f"{path} was exported by kvpop_compile {manifest.get('library_version')!r}, this is "
             f"{__version__}: re-export the model with this version"
+        )
+    if manifest.get("manifest_sha256") != manifest_sha256(manifest):
+        raise ValueError(
+            f"{manifest_path} was edited or corrupted (its SHA-256 differs from the one recorded "
+            f"at export): the engine files were built for the manifest as exported; re-export "
+            f"the model to change a setting"
         )
     for name, digest in manifest.get("files", {}).items():
         file = path / name

@@ -46,6 +46,15 @@ class EngineRunner:
         return logits
 
     def _check(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Integer ``(batch, N)`` ids as the engine's int64, refused before any engine call: a
+        wrong shape would fail deep inside the runtime, and float ids would be truncated."""
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"token ids must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise ValueError(
+                f"token ids must be integers, got {tokens.dtype}; pass ids of shape "
+                f"({self.batch}, N) with an integer dtype"
+            )
         if tokens.dim() != 2 or tokens.shape[0] != self.batch:
             raise ValueError(
                 f"expected token ids of shape ({self.batch}, N) for this engine (exported for "
