@@ -21,8 +21,13 @@ training files (``kvpop_compile.embedded.recall``): 2048 bytes of items of one l
 ``--recall-lengths`` (256 to 2048; eight items to one), each item's task drawn uniformly. Short
 items pack more answers into a row and put the answer nearer its question, which is where a
 model that has never copied anything from far back (the shipped one) can start. The loss is the
-mean over all bytes plus ``--answer-weight`` times the mean over the answer bytes, which are a
-handful in 2048 and would barely count otherwise. The held-out report adds full-attention exact
+mean over all bytes plus ``--recall-weight`` times the mean over the recall rows' questions and
+answers (``assert QZWKRT == 4821``), which are a handful of bytes in 2048 and would barely count
+otherwise. The question counts too because its name can be copied from the definition (all but
+its first letter, which only ``multi_key`` narrows down): copying a rare name from far back is
+the simplest form of the lookup, and a model that has never copied from far back (the shipped
+one: its answer loss stayed at chance for 450 steps when only the answer was weighted) learns
+it first. The held-out report adds full-attention exact
 match on held-out recall items per task and length.
 
 Every ``--checkpoint-every`` minutes the model, optimizer, random states and progress are
@@ -126,7 +131,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recall-fraction", type=float, default=0.0, help="share of 2048-byte rows that are recall"
     )
     p.add_argument(
-        "--answer-weight", type=float, default=1.0, help="weight of the recall answers' mean loss"
+        "--recall-weight",
+        type=float,
+        default=1.0,
+        help="weight of the mean loss over recall questions and answers",
     )
     p.add_argument(
         "--recall-lengths",
@@ -156,8 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"got {args.recall_lengths!r}"
         )
     args.recall_lengths = [int(n) for n in lengths]
-    if args.answer_weight < 0:
-        raise SystemExit(f"--answer-weight must be >= 0, got {args.answer_weight}")
+    if args.recall_weight < 0:
+        raise SystemExit(f"--recall-weight must be >= 0, got {args.recall_weight}")
     if args.checkpoint_every < 0:
         raise SystemExit(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if args.checkpoint_dir is None:
@@ -201,10 +209,13 @@ class RecallMix:
         self.next_index = 0
 
     def rows(self, ids: torch.Tensor, done: Progress) -> torch.Tensor:
-        """Overwrite some rows of ``ids`` (batch, LONG_LEN + 1) in place; returns the answer mask
-        (batch, LONG_LEN) over the targets ``ids[:, 1:]``, True where a target is an answer byte.
+        """Overwrite some rows of ``ids`` (batch, LONG_LEN + 1) in place.
+
+        Returns two masks over the targets ``ids[:, 1:]``, each (batch, LONG_LEN): the bytes of
+        the questions and answers, and the answers' bytes alone.
         """
-        answers = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        questions = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        answers = torch.zeros_like(questions)
         for row in range(ids.shape[0]):
             if self.rng.random() >= self.fraction:
                 continue
@@ -213,15 +224,18 @@ class RecallMix:
             for _ in range(LONG_LEN // length):
                 item = self._item(self.rng.choice(TASKS), length)
                 # Target j predicts byte j + 1, so the answer's bytes are targets from the
-                # prompt's last byte on.
+                # prompt's last byte on. A question starts on its own line, and is the only
+                # part of the prompt after its last newline.
                 first = start + len(item.prompt) - 1
                 answers[row, first : first + len(item.answer)] = True
+                asked = start + item.prompt.rindex(b"\n")
+                questions[row, asked : first + len(item.answer)] = True
                 data += item.prompt + item.answer
                 start += length
                 done.recall_items += 1
             # The row holds LONG_LEN + 1 bytes; a newline ends the last answer as code would.
             ids[row] = torch.frombuffer(bytearray(data + b"\n"), dtype=torch.uint8).long()
-        return answers
+        return questions, answers
 
     def _item(self, task: str, length: int) -> RecallItem:
         self.next_index += 1
@@ -399,16 +413,17 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         for group in optimizer.param_groups:
             group["lr"] = lr
         ids = sample_batch(stream, args.batch_tokens // length, length, gen)
-        answers = mix.rows(ids, done) if length == LONG_LEN and args.recall_fraction else None
+        recall = mix.rows(ids, done) if length == LONG_LEN and args.recall_fraction else None
         logits = model(input_ids=ids[:, :-1], use_cache=False).logits  # (batch, length, 256)
         per_byte = torch.nn.functional.cross_entropy(
             logits.reshape(-1, 256), ids[:, 1:].reshape(-1), reduction="none"
         )
         loss = per_byte.mean()
         answer_loss = None
-        if answers is not None and answers.any():
-            answer_loss = per_byte[answers.reshape(-1)].mean()
-            loss = loss + args.answer_weight * answer_loss
+        if recall is not None and recall[0].any():
+            questions, answers = (mask.reshape(-1) for mask in recall)
+            loss = loss + args.recall_weight * per_byte[questions].mean()
+            answer_loss = per_byte[answers].detach().mean()  # logged: the part that is recall
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -462,7 +477,7 @@ def this_run(args, argv, done: Progress) -> dict:
         "long_fraction": args.long_fraction,
         "recall_fraction": args.recall_fraction,
         "recall_lengths": args.recall_lengths,
-        "answer_weight": args.answer_weight,
+        "recall_weight": args.recall_weight,
         "recall_items": done.recall_items,
         "steps_short": done.steps_short,
         "steps_long": done.steps_long,
@@ -566,16 +581,18 @@ def recall_section(recall: dict, runs: list[dict]) -> str:
     if trained:
         mix = ", ".join(
             f"run {runs.index(r) + 1}: {r['recall_fraction']:.0%} of the 2048-byte rows, "
-            f"{r['recall_items']:,} items, answer weight {r['answer_weight']:g}, item lengths "
+            f"{r['recall_items']:,} items, recall weight {r['recall_weight']:g}, item lengths "
             f"drawn from {r['recall_lengths']}"
             for r in trained
         )
         how = f"""Recall items were mixed into training ({mix}). A recall row is 2048 bytes of
 items of one length (eight items to one), each item's task drawn uniformly; the loss on such a
 row is the ordinary next-byte loss over all its bytes (the planted lines and the question
-included) plus the answer weight times the mean loss over the answer bytes. Training items come
-from the training files with the run's seed; the items below come from the held-out files, and
-the split's name is part of every item's seed, so no training item can equal a held-out one."""
+included) plus the recall weight times the mean loss over the bytes of the questions and their
+answers, so that copying the asked name and then its value from far back carries weight.
+Training items come from the training files with the run's seed; the items below come from the
+held-out files, and the split's name is part of every item's seed, so no training item can
+equal a held-out one."""
     else:
         how = "No recall items were trained on; the figures below measure the model as it is."
     return f"""## Long-range recall
