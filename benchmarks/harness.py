@@ -119,6 +119,21 @@ def _release_free_heap() -> None:
         pass
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 1 << 20
+
+
+def _fix_mmap_threshold() -> None:
+    # glibc raises its mmap threshold each time a large block is freed, after which large
+    # tensors come from the heap and their pages may stay resident; how much depends on the
+    # order of earlier allocations. A fixed threshold maps every tensor of 1 MiB or more on its
+    # own and returns it when freed, so a peak reflects the memory a path needs, not history.
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_memory_supported() -> bool:
     """Whether this process can reset and read its peak resident set (Linux ≥ 4.0)."""
     try:
@@ -139,6 +154,8 @@ class PeakMemory:
 
     def __init__(self):
         self.supported = peak_memory_supported()
+        if self.supported:
+            _fix_mmap_threshold()
         self.start_kib: int | None = None
         self.peak_kib: int | None = None
         self.bytes: int | None = None
