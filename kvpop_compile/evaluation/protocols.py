@@ -41,7 +41,9 @@ def _is_transformed(model: nn.Module) -> bool:
     return getattr(model, "kvpop_config", None) is not None
 
 
-def _new_cache(model: nn.Module):
+def model_cache(model: nn.Module):
+    """An empty cache of the model's own kind: a KVpop cache for a transformed model,
+    transformers' dynamic (full) cache otherwise."""
     if _is_transformed(model):
         return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
     return DynamicCache(config=model.config)
@@ -52,7 +54,7 @@ def teacher_forced(model: nn.Module, ids: torch.Tensor) -> Scores:
     """Scores of targets ``ids[:, 1:]`` from one forward over ``ids[:, :-1]``: (B, L) each."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if _is_transformed(model):
-        logits = model(input_ids=inputs, cache=_new_cache(model), use_cache=True).logits
+        logits = model(input_ids=inputs, cache=model_cache(model), use_cache=True).logits
     else:
         logits = model(input_ids=inputs, use_cache=False).logits
     return _score(logits, targets)
@@ -89,7 +91,7 @@ def greedy_continuation(
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     start = time.perf_counter()
-    cache = _new_cache(model)
+    cache = model_cache(model)
     batch, length = prompt.shape
     if isinstance(cache, KVpopCache):
         logits = prefill(model, prompt, cache)  # in chunks, the last position's logits only
@@ -160,7 +162,7 @@ def compressed_prompt(
         ids[:, prompt_length:-1],
         ids[:, prompt_length + 1 :],
     )
-    cache = _new_cache(model)
+    cache = model_cache(model)
     model(input_ids=prompt, cache=cache, use_cache=True)
     if _is_transformed(model):
         cache = bounded_cache_as_dynamic(cache, model.kvpop_config)

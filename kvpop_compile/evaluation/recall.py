@@ -1,0 +1,160 @@
+"""The recall protocol: does the greedy answer to a long-range recall item come out exactly?
+
+Items (:mod:`kvpop_compile.embedded.recall`) plant a definition early in real code and ask for
+its value at the end; the answer is nowhere else in the item. Two ways to ask:
+
+- ``prefill``: the whole prompt enters the cache (compressed to the budget by the policy), then
+  the answer is decoded greedily;
+- ``decode``: the prompt up to the question line enters the cache, the model generates a
+  stretch of tokens greedily (the cache evicts during decode, as in a long reasoning trace),
+  then the question is fed and the answer decoded. The stretch fills the model's positions up
+  to twice the item's length, so the question arrives as far after the definition again.
+
+Exact match: every answer byte equals the greedy token. Results are kept per item (1 or 0), so
+any subset pools exactly and the report's bootstrap resamples items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..embedded.corpus import encode
+from ..embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
+from .methods import Method, build_model
+from .protocols import model_cache
+
+RECALL_PROTOCOLS = ("prefill", "decode")
+RECALL_SEED = 0
+
+
+@dataclass
+class RecallSettings:
+    tasks: tuple[str, ...] = TASKS
+    lengths: tuple[int, ...] = CONTEXT_LENGTHS
+    items: int = 64  # held-out items per task and length
+    protocols: tuple[str, ...] = RECALL_PROTOCOLS
+    batch: int = 16  # items per forward
+    seed: int = RECALL_SEED
+    max_stretch: int | None = None  # cap on the decode protocol's stretch (None: no cap)
+
+
+def decode_stretch(length: int, max_positions: int, cap: int | None = None) -> int:
+    """Tokens generated between context and question in the ``decode`` protocol: as many as the
+    item is long, within the model's positions (0 when there is no room) and ``cap``."""
+    stretch = max(0, min(length, max_positions - length))
+    return stretch if cap is None else min(stretch, cap)
+
+
+def _feed(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
+    """Continue ``cache`` with ``ids (B, T)``; next-token logits ``(B, vocab)``. A bounded
+    cache takes the tokens as prefill chunks (exactly equal to one step per token)."""
+    seen = int(cache.get_seq_length())
+    positions = torch.arange(seen, seen + ids.shape[1]).expand(ids.shape[0], -1)
+    out = model(
+        input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+    )
+    return out.logits[:, -1]
+
+
+def _greedy(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> torch.Tensor:
+    """``steps`` greedy tokens ``(B, steps)`` from ``logits``, continuing ``cache``."""
+    tokens = []
+    for step in range(steps):
+        token = logits.argmax(dim=-1, keepdim=True)
+        tokens.append(token)
+        if step < steps - 1:
+            logits = _feed(model, token, cache)
+    return torch.cat(tokens, dim=1)
+
+
+@torch.no_grad()
+def answer_exactly(
+    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
+) -> list[float]:
+    """1.0 per item whose greedy answer is exact, else 0.0. ``items`` share one length and
+    answer length (items of one length and task do)."""
+    if protocol not in RECALL_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(RECALL_PROTOCOLS)}; got {protocol!r}")
+    lengths = {(len(i.prompt), len(i.answer)) for i in items}
+    if len(lengths) != 1:
+        raise ValueError(f"items must share prompt and answer lengths, got {sorted(lengths)}")
+    prompts = torch.stack([encode(i.prompt) for i in items])
+    answers = torch.stack([encode(i.answer) for i in items])
+    cache = model_cache(model)
+    if protocol == "prefill":
+        logits = _feed(model, prompts, cache)
+    else:
+        # The question is the prompt's last line; every item of a task ends with the same one
+        # length-wise, so one cut serves the batch.
+        cut = items[0].prompt.rindex(b"\n") + 1
+        logits = _feed(model, prompts[:, :cut], cache)
+        if stretch:
+            generated = _greedy(model, logits, cache, stretch)
+            _feed(model, generated[:, -1:], cache)  # the stretch's last token enters too
+        logits = _feed(model, prompts[:, cut:], cache)
+    tokens = _greedy(model, logits, cache, answers.shape[1])
+    return (tokens == answers).all(dim=1).double().tolist()
+
+
+def run_recall(
+    original: nn.Module,
+    methods: list[Method],
+    *,
+    settings: RecallSettings | None = None,
+    scorer_root: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Every method on the held-out recall items: ``{"methods": {name: {"policy", "budget",
+    protocol: {"task@length": [0/1 per item]}}}, ...}`` (JSON-ready)."""
+    settings = settings or RecallSettings()
+    unknown = set(settings.protocols) - set(RECALL_PROTOCOLS)
+    if unknown:
+        raise ValueError(
+            f"protocols must be among {', '.join(RECALL_PROTOCOLS)}; got {sorted(unknown)}"
+        )
+    max_positions = original.config.max_position_embeddings
+    groups = {
+        (task, length): recall_items("held_out", task, length, settings.items, settings.seed)
+        for task in settings.tasks
+        for length in settings.lengths
+    }
+    work = len(methods) * len(groups) * len(settings.protocols)
+    bar = tqdm(total=work, disable=not progress, desc="recall", unit="group")
+    results = {}
+    for method in methods:
+        bar.set_postfix_str(method.name)
+        model = build_model(original, method, scorer_root)
+        record: dict = {"policy": method.policy, "budget": method.budget}
+        for protocol in settings.protocols:
+            per_group = {}
+            for (task, length), items in groups.items():
+                stretch = 0
+                if protocol == "decode":
+                    stretch = decode_stretch(length, max_positions, settings.max_stretch)
+                if protocol == "decode" and stretch == 0:
+                    bar.update()
+                    continue  # no room for a stretch: the same as the prefill protocol
+                exact = []
+                for start in range(0, len(items), settings.batch):
+                    batch = items[start : start + settings.batch]
+                    exact += answer_exactly(model, batch, protocol, stretch)
+                per_group[f"{task}@{length}"] = exact
+                bar.update()
+            record[protocol] = per_group
+        results[method.name] = record
+    bar.close()
+    return {
+        "items": settings.items,
+        "tasks": list(settings.tasks),
+        "lengths": list(settings.lengths),
+        "protocols": list(settings.protocols),
+        "stretch": {
+            str(n): decode_stretch(n, max_positions, settings.max_stretch) for n in settings.lengths
+        },
+        "methods": results,
+    }

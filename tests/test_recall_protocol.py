@@ -1,0 +1,84 @@
+"""The recall protocol: exact match of greedy answers, both ways of asking, and its report."""
+
+import copy
+
+import pytest
+import torch
+
+from kvpop_compile import transform
+from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.embedded.corpus import encode
+from kvpop_compile.embedded.recall import RecallItem, recall_items
+from kvpop_compile.evaluation.methods import Method, budget_config
+from kvpop_compile.evaluation.protocols import greedy_continuation
+from kvpop_compile.evaluation.recall import (
+    RecallSettings,
+    answer_exactly,
+    decode_stretch,
+    run_recall,
+)
+from kvpop_compile.evaluation.recall_report import evaluate_recall, summarize_recall
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_embedded_model()
+
+
+def _with_answer(item: RecallItem, answer: bytes) -> RecallItem:
+    return RecallItem(item.prompt, answer, item.task, item.context_length)
+
+
+def test_exact_match_is_every_answer_byte(model):
+    """An item whose answer is the model's own greedy continuation scores 1; changing one byte
+    of it scores 0."""
+    items = recall_items("held_out", "lookup", 1024, 2, 0)
+    greedy = greedy_continuation(model, torch.stack([encode(i.prompt) for i in items]), 4).tokens
+    own = [_with_answer(i, bytes(t.tolist())) for i, t in zip(items, greedy, strict=True)]
+    assert answer_exactly(model, own, "prefill") == [1.0, 1.0]
+    wrong = bytearray(own[1].answer)
+    wrong[-1] = (wrong[-1] + 1) % 256
+    assert answer_exactly(model, [own[0], _with_answer(own[1], bytes(wrong))], "prefill") == [
+        1.0,
+        0.0,
+    ]
+    # Asked after no stretch, the question is the same prompt fed in two parts.
+    assert answer_exactly(model, own, "decode", stretch=0) == [1.0, 1.0]
+
+
+def test_a_budget_that_holds_everything_answers_like_full_attention(model):
+    """Capacity 2048 >= the item's 1024 + 1024 stretch tokens: the bounded cache never evicts,
+    so both protocols give full attention's answers (invariant 1)."""
+    items = recall_items("held_out", "chain", 1024, 3, 0)
+    bounded = transform(copy.deepcopy(model), budget_config("window", 2048))
+    for protocol, stretch in (("prefill", 0), ("decode", 64)):
+        assert answer_exactly(bounded, items, protocol, stretch) == answer_exactly(
+            model, items, protocol, stretch
+        )
+
+
+def test_decode_stretch_fits_the_positions():
+    assert decode_stretch(1024, 2048) == 1024
+    assert decode_stretch(2048, 2048) == 0
+    assert decode_stretch(512, 4096) == 512
+    assert decode_stretch(1024, 2048, cap=16) == 16
+
+
+def test_run_recall_reports_every_group_and_method(model, tmp_path):
+    settings = RecallSettings(
+        tasks=("lookup",), lengths=(1024, 2048), items=2, batch=2, max_stretch=16
+    )
+    methods = [Method(None, None), Method("window", "88%")]
+    results = evaluate_recall(model, tmp_path, methods=methods, settings=settings,
+                              progress=False)  # fmt: skip
+    record = results["methods"]["window @ 88%"]
+    assert set(record["prefill"]) == {"lookup@1024", "lookup@2048"}
+    assert set(record["decode"]) == {"lookup@1024"}  # no room for a stretch at 2048
+    assert results["stretch"] == {"1024": 16, "2048": 0}
+    assert all(len(v) == 2 and set(v) <= {0.0, 1.0} for v in record["prefill"].values())
+    summary = summarize_recall(results)
+    assert 0.0 <= summary["full"]["prefill"]["lookup@1024"].value <= 1.0
+    assert (tmp_path / "recall.json").is_file()
+    assert "lookup@1024" in (tmp_path / "recall.md").read_text()
+    with pytest.raises(ValueError, match="protocols must be among prefill, decode"):
+        run_recall(model, methods, settings=RecallSettings(protocols=("later",)))
