@@ -1,9 +1,72 @@
-"""The ``kvpop-compile`` command line."""
+"""The ``kvpop-compile`` command line.
+
+Every mistake a user can make on it ends in one line on stderr naming the bad value and what is
+allowed, and exit status 2: arguments are checked as they are parsed (before a model loads), and
+the errors the library raises for bad input are printed, not traced back.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``prog: message``), like the library's."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _number(*, positive: bool) -> Callable[[str], float]:
+    """argparse type: a finite number, ``> 0`` if ``positive`` else ``>= 0``."""
+    bound = "> 0" if positive else ">= 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _checkpoint(text: str) -> str:
+    """argparse type: a local Hugging Face checkpoint folder (never a hub name: nothing is
+    downloaded)."""
+    folder = Path(text)
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a folder; give a local Hugging Face checkpoint folder "
+            "(config.json and the weights)"
+        )
+    if not (folder / "config.json").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no config.json; give a local Hugging Face checkpoint folder "
+            "(config.json and the weights)"
+        )
+    return text
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -21,7 +84,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from .evaluation import EvalSettings, evaluate, write_report
 
@@ -105,29 +167,35 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _budget_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sinks", type=int, default=4)
-    parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--topk", type=int, default=3836)
-    parser.add_argument("--lam", type=float, default=0.0)
+    parser.add_argument("--sinks", type=_integer(0), default=4)
+    parser.add_argument("--window", type=_integer(1), default=256)
+    parser.add_argument("--topk", type=_integer(0), default=3836)
+    parser.add_argument("--lam", type=_number(positive=False), default=0.0)
     parser.add_argument("--scorer", default="memory", help="policy (default memory)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvpop-compile", description="Bounded KV cache with a learned policy for Qwen3."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="the embedded Qwen3 continuing held-out code: full cache against KVpop"
     )
-    demo.add_argument("--tokens", type=int, default=1024, help="tokens to generate (1024)")
-    demo.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length (1024)")
-    demo.add_argument("--model", help="local Qwen3 checkpoint folder (default: the embedded one)")
+    demo.add_argument("--tokens", type=_integer(2), default=1024, help="tokens to generate (1024)")
+    demo.add_argument(
+        "--prompt-tokens", type=_integer(1), default=1024, help="prompt length (1024)"
+    )
+    demo.add_argument(
+        "--model",
+        type=_checkpoint,
+        help="local Qwen3 checkpoint folder (default: the embedded one)",
+    )
     demo.add_argument("--scorer", help="trained scorer folder (save_scorer / kvpop-compile train)")
     demo.add_argument(
         "--policy", help="a baseline policy instead: window, h2o, tova, knorm, random"
     )
-    demo.add_argument("--capacity", type=int, default=256, help="baseline's capacity (256)")
+    demo.add_argument("--capacity", type=_integer(1), default=256, help="baseline's capacity (256)")
     demo.add_argument("--image", default="kvpop_demo.png", help="PNG of what the cache holds")
     demo.add_argument("--no-image", action="store_true", help="do not draw the PNG")
     demo.set_defaults(run=_demo)
@@ -137,19 +205,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from .evaluation import BUDGETS, POLICIES, PROMPT_LENGTH, PROTOCOLS
 
-    evaluator.add_argument("--sequences", type=int, default=64, help="held-out sequences (64)")
+    evaluator.add_argument(
+        "--sequences", type=_integer(1), default=64, help="held-out sequences (64)"
+    )
     evaluator.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     evaluator.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
     evaluator.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     evaluator.add_argument(
-        "--prompt-length", type=int, default=PROMPT_LENGTH,
+        "--prompt-length", type=_integer(1), default=PROMPT_LENGTH,
         help=f"prompt of the continuation and compression protocols ({PROMPT_LENGTH})",
     )  # fmt: skip
-    evaluator.add_argument("--batch", type=int, default=16, help="sequences per forward (16)")
-    evaluator.add_argument("--model", help="byte-level Qwen3 folder (default: the embedded one)")
+    evaluator.add_argument(
+        "--batch", type=_integer(1), default=16, help="sequences per forward (16)"
+    )
+    evaluator.add_argument(
+        "--model", type=_checkpoint, help="byte-level Qwen3 folder (default: the embedded one)"
+    )
     evaluator.add_argument("--scorers", help="trained scorers, <policy>-<capacity>/ folders")
     evaluator.add_argument("--out", default="benchmarks/results", help="results folder")
-    evaluator.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    evaluator.add_argument("--threads", type=_integer(1), help="torch threads (default: torch's)")
     evaluator.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
     evaluator.add_argument(
         "--report-only", action="store_true",
@@ -158,19 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator.set_defaults(run=_eval)
 
     exporter = commands.add_parser("export", help="transform a local Qwen3 and export an engine")
-    exporter.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
+    exporter.add_argument(
+        "--model", required=True, type=_checkpoint, help="local Hugging Face checkpoint folder"
+    )
     exporter.add_argument("--out", required=True, help="engine folder to write")
     exporter.add_argument("--format", default="aoti", choices=["aoti", "onnx", "tensorrt"])
     _budget_arguments(exporter)
     exporter.add_argument("--scorer-path", help="folder written by save_scorer")
-    exporter.add_argument("--batch", type=int, default=1, help="sequences per call (default 1)")
     exporter.add_argument(
-        "--prefill-length", type=int, help="also export a prefill step for prompts this long"
+        "--batch", type=_integer(1), default=1, help="sequences per call (default 1)"
+    )
+    exporter.add_argument(
+        "--prefill-length",
+        type=_integer(2),
+        help="also export a prefill step for prompts this long",
     )
     exporter.set_defaults(run=_export)
 
     trainer = commands.add_parser("train", help="train scorers for a local Qwen3 checkpoint")
-    trainer.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
+    trainer.add_argument(
+        "--model", required=True, type=_checkpoint, help="local Hugging Face checkpoint folder"
+    )
     trainer.add_argument(
         "--data",
         required=True,
@@ -178,14 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trainer.add_argument("--out", required=True, help="output folder (checkpoint, scorer/)")
     _budget_arguments(trainer)
-    trainer.add_argument("--steps", type=int, default=200)
-    trainer.add_argument("--seq-len", type=int, default=512)
-    trainer.add_argument("--batch-size", type=int, default=4)
-    trainer.add_argument("--lr", type=float, default=1e-3)
+    trainer.add_argument("--steps", type=_integer(1), default=200)
+    trainer.add_argument("--seq-len", type=_integer(2), default=512)
+    trainer.add_argument("--batch-size", type=_integer(1), default=4)
+    trainer.add_argument("--lr", type=_number(positive=True), default=1e-3)
     trainer.add_argument("--loss", default="boundary", choices=["boundary", "regression",
                          "quantile"])  # fmt: skip
-    trainer.add_argument("--eval-every", type=int, default=50)
-    trainer.add_argument("--checkpoint-every", type=int, default=50)
+    trainer.add_argument("--eval-every", type=_integer(1), default=50)
+    trainer.add_argument("--checkpoint-every", type=_integer(1), default=50)
     trainer.add_argument(
         "--tokenizer", default="model", choices=["model", "bytes"],
         help="the checkpoint's tokenizer (default) or UTF-8 bytes for byte-vocabulary models",
@@ -198,9 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as error:
+    # What bad input raises (the library's checks, missing or unreadable files, a missing
+    # optional package): one line. Anything else is a bug and keeps its traceback.
+    except (ValueError, TypeError, OSError, ImportError) as error:
         print(f"kvpop-compile {args.command}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kvpop-compile {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

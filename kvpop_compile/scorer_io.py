@@ -34,6 +34,12 @@ CONFIG_FILE = "scorer.json"
 SCORER_FIELDS = ("scorer", "scorer_hidden", "memory_dim", "memory_value_dim", "window")
 
 
+def _folder(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike folder, got {type(path).__name__}")
+    return Path(path)
+
+
 def _attentions(model: nn.Module):
     if getattr(model, "kvpop_config", None) is None:
         raise ValueError(
@@ -78,7 +84,7 @@ def _check_finite(tensors: dict[str, torch.Tensor], where: Path) -> None:
 def save_scorers(scorers: list[nn.Module], description: dict, path: str | os.PathLike) -> Path:
     """Write per-layer ``scorers`` and their ``description`` to the folder ``path``, with the
     SHA-256 of the tensors file. Non-finite parameters are refused before anything is written."""
-    folder = Path(path)
+    folder = _folder(path)
     tensors = {
         f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
         for i, scorer in enumerate(scorers)
@@ -134,7 +140,7 @@ def _read_description(folder: Path) -> dict:
 def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The verified tensors of a saved scorer folder: the file's SHA-256 must be the one saved
     in ``scorer.json``, the file must parse, and every floating-point tensor must be finite."""
-    folder = Path(path)
+    folder = _folder(path)
     saved = _read_description(folder)
     file = folder / TENSORS_FILE
     if sha256(file) != saved["tensors_sha256"]:
@@ -153,7 +159,7 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 def saved_config(path: str | os.PathLike) -> KVpopConfig:
     """The :class:`KVpopConfig` a scorer folder was saved with (transform with it, then
     :func:`load_scorer`)."""
-    folder = Path(path)
+    folder = _folder(path)
     saved = _read_description(folder)
     try:
         return KVpopConfig(**saved["kvpop_config"])
@@ -163,7 +169,7 @@ def saved_config(path: str | os.PathLike) -> KVpopConfig:
 
 def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load scorers saved by :func:`save_scorer` into a transformed model (in place)."""
-    folder = Path(path)
+    folder = _folder(path)
     saved = _read_description(folder)
     expected = _describe(model)
     for key in ("num_layers", "num_kv_heads", "head_dim"):

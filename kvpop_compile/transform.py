@@ -12,6 +12,7 @@ import logging
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 
 from .capture import capture_attention
 from .config import KVpopConfig
@@ -99,7 +100,20 @@ class BoundedCacheHook:
                 "generate sequences of different lengths in separate calls"
             )
 
+    @staticmethod
+    def _check_cache(cache) -> None:
+        # generate(cache_implementation="static", ...) hands over a fixed-size transformers cache
+        # (and the 4-D mask that goes with it): say what to do instead of failing on the mask.
+        if isinstance(cache, Cache) and not isinstance(cache, KVpopCache) and cache.is_compileable:
+            raise ValueError(
+                f"a transformed model keeps its KV state in a KVpopCache, not a "
+                f"{type(cache).__name__} (generate()'s cache_implementation='static' and its "
+                "variants): the KVpopCache is already fixed-size, so call generate() without "
+                "cache_implementation, and compile the decode step with kvpop_compile.compile"
+            )
+
     def __call__(self, module, args, kwargs):
+        self._check_cache(kwargs.get("past_key_values", kwargs.get("cache")))
         self._check_mask(kwargs["attention_mask"] if "attention_mask" in kwargs else (
             args[1] if len(args) > 1 else None))  # fmt: skip
         if kwargs.get("use_cache") is False:

@@ -29,16 +29,18 @@ def test_a_budget_that_holds_every_token_gives_the_full_cache_tokens():
 
 
 def test_cli_rejects_bad_arguments(capsys):
-    assert main(["demo", "--tokens", "1"]) == 2
-    assert "tokens must be an integer >= 2, got 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["demo", "--tokens", "1"])  # refused as it is parsed
+    assert "argument --tokens: must be an integer >= 2, got '1'" in capsys.readouterr().err
     assert main(["demo", "--policy", "lru"]) == 2
     assert "scorer must be one of" in capsys.readouterr().err
     assert main(["demo", "--policy", "memory"]) == 2
     assert "--policy memory is learned: pass its trained scorer" in capsys.readouterr().err
     assert main(["demo", "--policy", "window", "--scorer", "x"]) == 2
     assert "not both" in capsys.readouterr().err
-    assert main(["demo", "--model", "/nonexistent/model"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["demo", "--model", "/nonexistent/model"])
+    assert "'/nonexistent/model' is not a folder" in capsys.readouterr().err
     assert main(["demo", "--tokens", "1500", "--prompt-tokens", "1024"]) == 2
     assert "exceeds the model's context of 2048" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -268,5 +268,7 @@ def test_cli_exports_a_local_checkpoint(tmp_path, capsys):
     assert "wrote onnx engine to" in capsys.readouterr().out
     runner = kc.load(tmp_path / "engine", config=kc.KVpopConfig(sinks=2, window=4, topk=10))
     assert runner.generate(prompt(length=4, batch=1), 3).shape == (1, 7)
-    assert main(args[:-2] + ["--topk", "-1"]) == 2
-    assert "topk must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        main(args[:-2] + ["--topk", "-1"])
+    assert exit.value.code == 2
+    assert "argument --topk: must be an integer >= 0, got '-1'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import torch
 import transformers
 from torch import nn
 
-from ..config import KVpopConfig
+from ..config import KVpopConfig, require_int
 from ..kv_cache import KVpopCache
 from . import aoti, onnx_engine, tensorrt
 from .manifest import read_manifest, write_engine_folder
@@ -72,16 +72,17 @@ def export(
     Shapes are static: ``batch`` sequences per call. Returns the folder.
     """
     _check_format(format)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     config: KVpopConfig | None = getattr(model, "kvpop_config", None)
     if config is None:
         raise ValueError(
             f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) "
             "before exporting it"
         )
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    if prefill_length is not None and prefill_length < 2:
-        raise ValueError(f"prefill_length must be >= 2 (or None), got {prefill_length}")
+    require_int("batch", batch, 1)
+    if prefill_length is not None:
+        require_int("prefill_length (or None)", prefill_length, 2)
     if prefill_length is not None and format not in PREFILL_FORMATS:
         raise ValueError(
             f"the {format} format exports the decode step only (prefill sorts priorities, which "
@@ -129,6 +130,15 @@ def load(
     """Open an engine folder. With ``config`` or ``model`` given, refuse an engine exported for a
     different KVpop config, or for a model of another architecture or other weights (the
     weights, scorers included, are hashed: a few seconds per GB)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if config is not None and not isinstance(config, KVpopConfig):
+        raise TypeError(f"config must be a KVpopConfig or None, got {type(config).__name__}")
+    if model is not None and getattr(model, "config", None) is None:
+        raise TypeError(
+            f"model must be a Hugging Face model (with a .config) or None, got "
+            f"{type(model).__name__}"
+        )
     folder = Path(path)
     manifest = read_manifest(folder)
     format = manifest.get("format")

@@ -23,6 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .. import __version__
+from ..config import require_int
 from .data import PROMPT_LENGTH, Sequence
 from .long_range import long_range_targets
 from .methods import WINDOW, Method, build_model
@@ -44,6 +45,18 @@ class EvalSettings:
     protocols: tuple[str, ...] = PROTOCOLS
     prompt_length: int = PROMPT_LENGTH
     threads: int | None = None
+
+    def __post_init__(self) -> None:
+        require_int("batch", self.batch, 1)
+        require_int("prompt_length", self.prompt_length, 1)
+        if self.threads is not None:
+            require_int("threads (or None)", self.threads, 1)
+        unknown = [p for p in self.protocols if p not in PROTOCOLS]
+        if isinstance(self.protocols, str) or unknown or not self.protocols:
+            raise ValueError(
+                f"protocols must be a non-empty sequence of {', '.join(PROTOCOLS)}; got "
+                f"{self.protocols!r}"
+            )
 
 
 def _sums(scores: Scores, long_range: torch.Tensor) -> dict[str, list[float]]:

@@ -20,7 +20,16 @@ def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
     file, or a folder of them such as ``datasets.Dataset.save_to_disk`` writes), or a list of
     strings."""
     if not isinstance(data, (str, os.PathLike)):
-        texts = list(data)
+        expected = "data must be a path (a folder, a .jsonl or .arrow file) or a list of strings"
+        try:
+            texts = list(data)
+        except TypeError:
+            raise TypeError(f"{expected}; got {type(data).__name__}") from None
+        wrong = [text for text in texts if not isinstance(text, str)]
+        if wrong:
+            raise TypeError(
+                f"{expected}; got a {type(data).__name__} holding {type(wrong[0]).__name__}"
+            )
         if not texts:
             raise ValueError("data is an empty list of texts")
         return texts

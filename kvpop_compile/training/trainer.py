@@ -14,6 +14,7 @@ saved with the ``save_scorer`` format, ready for ``load_scorer`` on the transfor
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
-from ..config import KVpopConfig
+from ..config import KVpopConfig, require_int
 from ..runtime.scorer_loss import LossKind
 from ..scorer_io import describe, save_scorers
 from ..transform import _check_model
@@ -46,16 +47,31 @@ class TrainingReport:
     scorer_path: Path | None = None
 
 
+def _require_number(name: str, value: object, *, positive: bool) -> None:
+    """Raise ``ValueError`` naming ``value`` unless it is a finite real number, ``> 0`` if
+    ``positive`` else ``>= 0`` (a bool is not a number here)."""
+    bound = "> 0" if positive else ">= 0"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
 def _check_settings(
-    config: KVpopConfig, seq_len: int, steps: int, batch_size: int, group: ProcessGroup
-) -> None:
+    config: KVpopConfig, seq_len: int, steps: int, batch_size: int, group: ProcessGroup,
+    numbers: dict,
+) -> None:  # fmt: skip
     if not config.scorer.learned:
         raise ValueError(
             f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
         )
-    for name, value in (("steps", steps), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len)):
+        require_int(name, value, 1)
+    for name in ("eval_every", "checkpoint_every", "kl_top"):
+        require_int(name, numbers[name], 1)
+    require_int("seed", numbers["seed"], 0)
+    for name in ("lr", "tau"):
+        _require_number(name, numbers[name], positive=True)
+    _require_number("kl_weight", numbers["kl_weight"], positive=False)
     if batch_size % group.world:
         raise ValueError(
             f"batch_size {batch_size} must be a multiple of the {group.world} processes"
@@ -162,7 +178,11 @@ def train_scorer(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     group = ProcessGroup.current()
-    _check_settings(config, seq_len, steps, batch_size, group)
+    numbers = {
+        "lr": lr, "tau": tau, "kl_top": kl_top, "kl_weight": kl_weight, "seed": seed,
+        "eval_every": eval_every, "checkpoint_every": checkpoint_every,
+    }  # fmt: skip
+    _check_settings(config, seq_len, steps, batch_size, group, numbers)
     tokenizer = tokenizer or byte_tokenizer
     sequences = pack(read_texts(data), tokenizer, seq_len)
     train, held_out = split(sequences, eval_fraction)
