@@ -42,10 +42,19 @@ def kernels_enabled(device: str):
     return triton_kernels_on_cpu() if device == "cpu" else contextlib.nullcontext()
 
 
+# A float32 reference output accumulates at most a few hundred roundings (the tests' sums run
+# over at most ~150 keys and a 128-wide dot product), each at most one float32 ulp of the
+# output's scale; measured errors stay below 4 such ulps. A reference further from the truth
+# than this computes something else, and must fail rather than loosen the kernel's tolerance.
+REFERENCE_ROUNDINGS = 256
+
+
 def assert_as_accurate_as_reference(kernel, reference, truth, *, dtype, name="output"):
     """The kernel's error against a float64 truth is within a small multiple of the float32
     reference's own error, plus one rounding of the output's dtype: the tolerance comes from
-    the reference's rounding at that precision, not from a constant.
+    the reference's rounding at that precision, not from a constant. The reference's own error
+    is bounded too (:data:`REFERENCE_ROUNDINGS` float32 ulps of the output's scale), so a wrong
+    reference fails instead of widening the kernel's tolerance.
 
     ``dtype`` is the precision the output is rounded to. Compared in float64; infinite entries
     must match exactly.
@@ -60,6 +69,14 @@ def assert_as_accurate_as_reference(kernel, reference, truth, *, dtype, name="ou
     scale = truth[finite].abs().max().clamp(min=1.0)
     reference_error = (reference - truth)[finite].abs().max()
     kernel_error = (kernel - truth)[finite].abs().max()
+    # Plus the one rounding of a half-precision output (the reference returns the input dtype).
+    reference_bound = (
+        REFERENCE_ROUNDINGS * torch.finfo(torch.float32).eps + torch.finfo(dtype).eps
+    ) * scale
+    assert reference_error <= reference_bound, (
+        f"{name}: the float32 reference is {reference_error:.3e} from the float64 truth, more "
+        f"than rounding explains ({reference_bound:.3e}): it computes something else"
+    )
     unit = torch.finfo(dtype).eps * scale
     bound = 4 * reference_error + 2 * unit
     assert kernel_error <= bound, (

@@ -256,3 +256,44 @@ def test_masked_attention_rejects_bad_block():
     q, k, _, v = make_inputs(0, 1, 1, 1, 4, 4)
     with pytest.raises(ValueError, match="block must be >= 1, got 0"):
         masked_attention(q, k, v, None, scale=0.5, block=0)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_h2o_statistic_is_the_cumulative_attention_the_held_keys_received(group):
+    """Oracle: each step's attention recomputed in float64 over the keys the cache holds, averaged
+    over the KV head's query group, summed per token since it arrived."""
+    n, lam, scale = 25, 0.01, 0.3
+    config = KVpopConfig(sinks=1, window=2, topk=3, lam=lam, scorer="h2o")
+    scorer = build_scorer(config, 2, 8)
+    q, k, raw_k, v = make_inputs(4, 2, 2, group, n, 8)
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=8)
+    received = {}  # (batch, head, position) -> attention received so far
+    for i in range(n):
+        step = slice(i, i + 1)
+        decode_step(state, q[:, :, step], k[:, :, step], raw_k[:, :, step], v[:, :, step],
+                    scorer=scorer, config=config, scale=scale)  # fmt: skip
+        for b in range(2):
+            for h in range(2):
+                slots = [c for c in range(config.capacity) if state.positions[b, h, c] >= 0]
+                held = state.positions[b, h, slots]
+                queries = q[b, h * group : (h + 1) * group, i].double()  # (group, D)
+                scores = queries @ k[b, h, held].double().T * scale  # (group, held)
+                attention = torch.softmax(scores, dim=-1).mean(dim=0)
+                for position, p in zip(held.tolist(), attention.tolist(), strict=True):
+                    received[b, h, position] = received.get((b, h, position), 0.0) + p
+                expected = torch.tensor(
+                    [received[b, h, p] for p in held.tolist()], dtype=torch.float64
+                )
+                # float32 sums of at most 25 probabilities against float64 ones.
+                torch.testing.assert_close(
+                    state.statistic[b, h, slots].double(), expected, rtol=1e-5, atol=1e-6
+                )
+                pool = range(config.sinks, config.sinks + config.topk)
+                for j, slot in enumerate(pool):
+                    position = int(state.positions[b, h, slot])
+                    if position >= 0:
+                        torch.testing.assert_close(
+                            float(state.priorities[b, h, j]),
+                            received[b, h, position] + lam * position, rtol=1e-5, atol=1e-6,
+                        )  # fmt: skip
+    assert len(received) > config.capacity  # tokens were evicted along the way

@@ -6,6 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_qwen3
 from torch.fx.experimental.proxy_tensor import make_fx
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from kvpop_compile import KVpopConfig
 from kvpop_compile.capture import capture_attention
@@ -16,7 +17,7 @@ from kvpop_compile.passes import (
     replace_attention,
     run_passes,
 )
-from kvpop_compile.runtime import BoundedCacheState
+from kvpop_compile.runtime import BoundedCacheState, prefill
 from kvpop_compile.runtime.attention_module import BoundedAttention
 
 aten = torch.ops.aten
@@ -179,3 +180,53 @@ def test_knorm_needs_a_key_norm_in_the_graph():
     with pytest.raises(ValueError, match="reads keys before the key norm, but the pre-RoPE keys"):
         insert_scorer(gm, KVpopConfig(sinks=1, window=2, topk=2, scorer="knorm"))
     insert_scorer(gm, CONFIG)  # a scorer of keys after the norm needs none
+
+
+def projected(attention, hidden, cos, sin):
+    """Qwen3's own projections, norms and RoPE: ``q``, ``k`` after RoPE, ``k`` before RoPE (after
+    ``k_norm``) and ``v``, each ``(B, H, N, D)``."""
+    batch, n, _ = hidden.shape
+    dim = attention.head_dim
+    with torch.no_grad():
+        q = attention.q_norm(attention.q_proj(hidden).view(batch, n, -1, dim)).transpose(1, 2)
+        k = attention.k_norm(attention.k_proj(hidden).view(batch, n, -1, dim)).transpose(1, 2)
+        v = attention.v_proj(hidden).view(batch, n, -1, dim).transpose(1, 2)
+        q_rotated, k_rotated = apply_rotary_pos_emb(q, k, cos, sin)
+    return q_rotated, k_rotated, k, v
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_insert_scorer_feeds_the_scorer_the_keys_before_rope(implementation):
+    model, attention, gm = captured(implementation)
+    config = KVpopConfig(sinks=1, window=2, topk=3, scorer="memory")  # capacity 6 < 20 tokens
+    gm = run_passes(gm, config)
+    scorer = gm.kvpop_attention_0.scorer
+    hidden = torch.randn(2, 20, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(20).unsqueeze(0).expand(2, -1))
+    q, k, k_before_rope, v = projected(attention, hidden, cos, sin)
+
+    # Wiring: the bounded attention's scorer input is the key before RoPE, not after.
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16)
+    values = NodeValues(gm)(hidden, cos, sin, *state.tensors())
+    fed = values[bounded_call(gm).args[3]]
+    torch.testing.assert_close(fed, k_before_rope, rtol=1e-6, atol=1e-6)
+    assert (fed - k).abs().max() > 0.1
+
+    # Numerics under eviction: the graph equals prefill called with the keys before RoPE, and
+    # not with the rotated ones (the memory scorer's scores, so what is evicted, depend on it).
+    def reference(raw_keys):
+        fresh = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16)
+        out = prefill(fresh, q, k, raw_keys, v, scorer=scorer, config=config,
+                      scale=16**-0.5)  # fmt: skip
+        with torch.no_grad():
+            return attention.o_proj(out.transpose(1, 2).reshape(2, 20, -1)), fresh
+
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16)
+    with torch.no_grad():
+        out = gm(hidden, cos, sin, *state.tensors())[0]
+    expected, expected_state = reference(k_before_rope)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert state.cached_positions() == expected_state.cached_positions()
+    rotated, rotated_state = reference(k)
+    assert rotated_state.cached_positions() != expected_state.cached_positions()
+    assert not torch.allclose(out, rotated, rtol=1e-3, atol=1e-3)

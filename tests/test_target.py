@@ -61,6 +61,48 @@ def test_target_values_on_a_hand_computed_case():
     assert not valid[n - window :].any() and (target[0, 0, n - window :] == 0).all()
 
 
+def target_by_loops(q, k, window, scale):
+    """The future-attention target written out one query at a time in float64, from DESIGN §4:
+    ``r_t = log max_g mean_{d in [t + W, N)} p^g_{d->t}``. ``(B, Hkv, N)``, 0 where no query
+    counts."""
+    batch, q_heads, n, _ = q.shape
+    kv_heads = k.shape[1]
+    group = q_heads // kv_heads
+    target = torch.zeros(batch, kv_heads, n, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(kv_heads):
+            received = torch.zeros(group, n, dtype=torch.float64)  # sum over d of p^g_{d->t}
+            for g in range(group):
+                query_head = h * group + g  # query heads of KV head h are contiguous
+                for d in range(n):
+                    scores = k[b, h, : d + 1].double() @ q[b, query_head, d].double() * scale
+                    probs = torch.softmax(scores, dim=0)
+                    for t in range(d - window + 1):  # d >= t + W
+                        received[g, t] += probs[t]
+            for t in range(n - window):
+                target[b, h, t] = torch.log(received[:, t].max() / (n - t - window))
+    return target
+
+
+@pytest.mark.parametrize(("group", "kv_heads"), [(2, 1), (3, 2), (4, 1)])
+def test_targets_take_the_max_over_a_group_whose_heads_attend_differently(group, kv_heads):
+    n, window = 24, 3
+    q, k = make_qk(group, 2, kv_heads, group, n, 8)
+    # Sharp, different attention per query head: the mean over the group is far from its max.
+    q = q * 2.0
+    q[:, ::group] *= -1
+    expected = target_by_loops(q, k, window, 0.5)
+    _, lse = masked_attention(q, k, k, None, scale=0.5)
+    dense, _ = future_attention_target_dense(q, k, window=window, scale=0.5)
+    transposed, _ = future_attention_target(q, k, lse, window=window, scale=0.5, block=5)
+    # The heads' targets differ by far more than rounding, so a mean would be caught.
+    per_head = [target_by_loops(q[:, g::group], k, window, 0.5) for g in range(group)]
+    assert (per_head[0] - per_head[1]).abs().max() > 0.5
+    # float32 logs of sums of at most 24 probabilities (see above): 2e-5 in log space.
+    torch.testing.assert_close(dense.double(), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(transposed.double(), expected, rtol=0, atol=2e-5)
+
+
 class LargestAllocation(TorchDispatchMode):
     """Records the element count of the largest tensor any op produces."""
 
