@@ -104,17 +104,38 @@ def _eval(args: argparse.Namespace) -> int:
                 f"--model {args.model}: the benchmark's sequences are UTF-8 bytes, so it needs a "
                 f"byte-level model (vocab_size 256), got vocab_size {model.config.vocab_size}"
             )
+        name = args.model or "the embedded model"
+        if args.recall:
+            return _eval_recall(args, model, name, out)
         settings = EvalSettings(
             batch=args.batch, protocols=tuple(args.protocols), prompt_length=args.prompt_length,
             threads=args.threads,
         )  # fmt: skip
-        name = args.model or "the embedded model"
         result = evaluate(
             model, out, sequences=args.sequences, policies=args.policies, budgets=args.budgets,
             settings=settings, scorer_root=args.scorers, model_name=name, plots=not args.no_plots,
         )  # fmt: skip
     print(result["document"])
     print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+    return 0
+
+
+def _eval_recall(args: argparse.Namespace, model, name: str, out: Path) -> int:
+    import torch
+
+    from .evaluation.methods import methods
+    from .evaluation.recall import RecallSettings
+    from .evaluation.recall_report import evaluate_recall
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = RecallSettings(items=args.recall_items, batch=args.batch)
+    result = evaluate_recall(
+        model, out, methods=methods(args.policies, args.budgets), settings=settings,
+        scorer_root=args.scorers, model_name=name,
+    )  # fmt: skip
+    print(result["document"])
+    print(f"wrote {out / 'recall.md'} and {out / 'recall.json'}")
     return 0
 
 
@@ -228,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator.add_argument(
         "--report-only", action="store_true",
         help="rewrite quality.md and the plots from the saved quality.json (and kvpress.json)",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--recall", action="store_true",
+        help="run the long-range recall protocol instead (recall.md, recall.json)",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--recall-items", type=_integer(1), default=64,
+        help="held-out recall items per task and length (64)",
     )  # fmt: skip
     evaluator.set_defaults(run=_eval)
 
