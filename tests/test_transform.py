@@ -240,8 +240,10 @@ def test_bad_generation_inputs_are_refused():
         kc.generate(model, torch.tensor([1, 2, 3]), 2)
     with pytest.raises(ValueError, match=r"input_ids must be integer token ids of shape"):
         kc.generate(model, torch.zeros(1, 0, dtype=torch.long), 2)
-    with pytest.raises(ValueError, match=r"expected token and position of shape \(batch, 1\)"):
+    with pytest.raises(ValueError, match=r"expected position of shape \(1, 1\), got \(\)"):
         kc.decode_one_token(model, torch.tensor([[1]]), torch.tensor(3), kc.new_cache(model))
+    with pytest.raises(ValueError, match=r"expected token of shape \(batch, 1\), got \(1, 2\)"):
+        kc.decode_one_token(model, torch.tensor([[1, 2]]), None, kc.new_cache(model))
     other = kc.KVpopCache(2, kc.KVpopConfig(sinks=1, window=2, topk=3))
     with pytest.raises(ValueError, match="this KVpopCache was made for"):
         kc.generate(model, prompt(length=3), 2, cache=other)
