@@ -1,6 +1,6 @@
 """Run the performance benchmarks and write their tables and plots.
 
-    python benchmarks/run_all.py            # the full suite (under 20 minutes on a 2-core CPU)
+    python benchmarks/run_all.py            # the full suite (about an hour on a 2-core CPU)
     python benchmarks/run_all.py --quick    # tiny sizes and eager paths only: checks it runs
 
 Writes ``performance.md`` (method, tables, targets), ``performance.json`` (every sample) and
