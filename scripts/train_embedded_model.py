@@ -18,7 +18,8 @@ reads the first 2049 bytes of every held-out file that long.
 
 With ``--recall-fraction``, that share of the 2048-byte rows are long-range recall items from the
 training files (``kvpop_compile.embedded.recall``): 2048 bytes of items of one length drawn from
-``--recall-lengths`` (256 to 2048; eight items to one), each item's task drawn uniformly. Short
+``--recall-lengths`` (256 to 2048; eight items to one), each item's task drawn from
+``--recall-tasks`` (all four by default; repeat one to weight it). Short
 items pack more answers into a row and put the answer nearer its question, which is where a
 model that has never copied anything from far back (the shipped one) can start. The loss is the
 mean over all bytes plus ``--recall-weight`` times the mean over the recall rows' questions and
@@ -153,6 +154,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="item lengths a recall row draws from, uniformly (repeat one to weight it)",
     )
     p.add_argument(
+        "--recall-tasks",
+        default=",".join(TASKS),
+        help="tasks a recall item draws from, uniformly (repeat one to weight it)",
+    )
+    p.add_argument(
         "--copy-steps", type=int, default=0, help="first steps on repeated random strings"
     )
     p.add_argument("--checkpoint-every", type=float, default=10.0, help="minutes (0: never)")
@@ -178,6 +184,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"got {args.recall_lengths!r}"
         )
     args.recall_lengths = [int(n) for n in lengths]
+    args.recall_tasks = args.recall_tasks.split(",")
+    if not set(args.recall_tasks) <= set(TASKS):
+        raise SystemExit(
+            f"--recall-tasks must be a comma-separated list of {TASKS}, got {args.recall_tasks}"
+        )
     if args.copy_steps < 0:
         raise SystemExit(f"--copy-steps must be >= 0, got {args.copy_steps}")
     if args.recall_weight < 0:
@@ -234,8 +245,8 @@ class RecallMix:
     never repeats an item; ``state``/``load_state`` carry the position across a resume.
     """
 
-    def __init__(self, fraction: float, lengths: list[int], seed: int):
-        self.fraction, self.lengths, self.seed = fraction, lengths, seed
+    def __init__(self, fraction: float, lengths: list[int], tasks: list[str], seed: int):
+        self.fraction, self.lengths, self.tasks, self.seed = fraction, lengths, tasks, seed
         self.rng = random.Random(f"recall-mix/{seed}")
         self.next_index = 0
 
@@ -253,7 +264,7 @@ class RecallMix:
             length = self.rng.choice(self.lengths)
             data, start = b"", 0
             for _ in range(LONG_LEN // length):
-                item = self._item(self.rng.choice(TASKS), length)
+                item = self._item(self.rng.choice(self.tasks), length)
                 # Target j predicts byte j + 1, so the answer's bytes are targets from the
                 # prompt's last byte on. A question starts on its own line, and is the only
                 # part of the prompt after its last newline.
@@ -404,7 +415,7 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed + 1)
-    mix = RecallMix(args.recall_fraction, args.recall_lengths, args.seed)
+    mix = RecallMix(args.recall_fraction, args.recall_lengths, args.recall_tasks, args.seed)
     budget = args.minutes * 60.0
     done = Progress()
     spent = 0.0  # seconds of training before this process (a resumed run)
@@ -518,6 +529,7 @@ def this_run(args, argv, done: Progress) -> dict:
         "long_fraction": args.long_fraction,
         "recall_fraction": args.recall_fraction,
         "recall_lengths": args.recall_lengths,
+        "recall_tasks": args.recall_tasks,
         "recall_weight": args.recall_weight,
         "recall_items": done.recall_items,
         "steps_copy": done.steps_copy,
@@ -624,14 +636,15 @@ def recall_section(recall: dict, runs: list[dict]) -> str:
         mix = ", ".join(
             f"run {runs.index(r) + 1}: {r['recall_fraction']:.0%} of the 2048-byte rows, "
             f"{r['recall_items']:,} items, recall weight {r['recall_weight']:g}, item lengths "
-            f"drawn from {r['recall_lengths']}"
+            f"drawn from {r['recall_lengths']}, tasks from {r.get('recall_tasks', list(TASKS))}"
             for r in trained
         )
         how = f"""Recall items were mixed into training ({mix}). A recall row is 2048 bytes of
-items of one length (eight items to one), each item's task drawn uniformly; the loss on such a
-row is the ordinary next-byte loss over all its bytes (the planted lines and the question
-included) plus the recall weight times the mean loss over the bytes of the questions and their
-answers, so that copying the asked name and then its value from far back carries weight.
+items of one length (eight items to one), each item's task drawn from the run's list; the loss
+on such a row is the ordinary next-byte loss over all its bytes (the planted lines and the
+question included) plus the recall weight times the mean loss over the bytes of the questions
+and their answers, so that copying the asked name and then its value from far back carries
+weight.
 Training items come from the training files with the run's seed; the items below come from the
 held-out files, and the split's name is part of every item's seed, so no training item can
 equal a held-out one."""
