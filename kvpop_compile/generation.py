@@ -54,7 +54,12 @@ def _check_ids(input_ids: torch.Tensor, name: str) -> None:
 
 
 def prefill(
-    model: nn.Module, input_ids: torch.Tensor, cache: KVpopCache, *, chunk: int | None = None
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    cache: KVpopCache,
+    *,
+    chunk: int | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run ``input_ids (B, N)`` into ``cache`` (continuing the sequence it holds, if any);
     next-token logits ``(B, vocab)``.
@@ -62,14 +67,43 @@ def prefill(
     The prompt goes through the model in chunks of ``chunk`` tokens (default: the model's
     ``KVpopConfig.chunk_length``, the capacity unless set), each continuing the cache exactly,
     and only the last position's logits are computed: memory above the weights depends on the
-    chunk and the capacity, not on ``N``."""
+    chunk and the capacity, not on ``N``.
+
+    ``attention_mask (B, N)`` (1 for a token, 0 for padding) takes a batch of prompts of
+    different lengths, left-padded (as a tokenizer with ``padding_side="left"`` gives them):
+    the padding is never cached and every row continues from its own length."""
     _require_transformed(model)
     _check_ids(input_ids, "input_ids")
     chunk = model.kvpop_config.chunk_length if chunk is None else chunk
     require_int("chunk", chunk, 1)
-    for piece in input_ids.split(chunk, dim=1):
-        logits = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1).logits
-    return logits[:, -1]
+    positions = None
+    if attention_mask is not None:
+        attention_mask = _checked_mask(attention_mask, input_ids)
+        # Each row counts from its first token; the padding's positions are never used.
+        before = cache.next_positions(input_ids.shape[0], input_ids.device).view(-1, 1)
+        positions = before + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    for start in range(0, input_ids.shape[1], chunk):
+        end = start + chunk
+        padding = {}
+        if attention_mask is not None:  # the mask of every column so far, as generate() passes
+            padding = {
+                "attention_mask": attention_mask[:, :end],
+                "position_ids": positions[:, start:end],
+            }
+        piece = input_ids[:, start:end]
+        out = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1, **padding)
+    return out.logits[:, -1]
+
+
+def _checked_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """The mask as ``(B, N)`` int64, or a ValueError naming what is wrong with it."""
+    if not torch.is_tensor(attention_mask) or attention_mask.shape != input_ids.shape:
+        shape = tuple(attention_mask.shape) if torch.is_tensor(attention_mask) else (
+            type(attention_mask).__name__)  # fmt: skip
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got {shape}"
+        )
+    return attention_mask.to(device=input_ids.device, dtype=torch.long)
 
 
 def decode_one_token(
@@ -77,31 +111,27 @@ def decode_one_token(
 ) -> torch.Tensor:
     """One decode step: ``token (B, 1)`` → logits ``(B, vocab)``.
 
-    The token's position is the number of tokens the cache has seen, read on the device (no
-    host synchronisation). ``position (B, 1)`` may be passed to state it: run eagerly, a
-    position that disagrees with the cache raises; ``None`` skips the check."""
+    Each row's token position is the number of tokens its row of the cache holds, read on the
+    device (no host synchronisation). ``position (B, 1)`` may be passed to state it: run
+    eagerly, a position that disagrees with the cache raises; ``None`` skips the check."""
     if token.dim() != 2 or token.shape[1] != 1:
         raise ValueError(f"expected token of shape (batch, 1), got {tuple(token.shape)}")
-    seen = cache.get_seq_length()
-    if not torch.is_tensor(seen):  # a cache no forward has written yet
-        seen = torch.zeros((), dtype=torch.long, device=token.device)
+    position_ids = cache.next_positions(token.shape[0], token.device).view(-1, 1)
     if position is not None and not torch.compiler.is_compiling():
-        _check_position(position, token, seen)
-    position_ids = seen.view(1, 1).expand(token.shape[0], 1)
+        _check_position(position, position_ids)
     out = model(input_ids=token, position_ids=position_ids, cache=cache, use_cache=True)
     return out.logits[:, -1]
 
 
-def _check_position(position: torch.Tensor, token: torch.Tensor, seen: torch.Tensor) -> None:
-    if not torch.is_tensor(position) or position.shape != token.shape:
+def _check_position(position: torch.Tensor, expected: torch.Tensor) -> None:
+    if not torch.is_tensor(position) or position.shape != expected.shape:
         shape = tuple(position.shape) if torch.is_tensor(position) else type(position).__name__
-        raise ValueError(f"expected position of shape {tuple(token.shape)}, got {shape}")
-    expected = int(seen)
-    if bool((position != expected).any()):
+        raise ValueError(f"expected position of shape {tuple(expected.shape)}, got {shape}")
+    if bool((position.to(expected.device) != expected).any()):
         raise ValueError(
-            f"position {position.flatten().tolist()} disagrees with the cache, which holds "
-            f"{expected} tokens: the next token's position is {expected} (pass None to take it "
-            "from the cache)"
+            f"position {position.flatten().tolist()} disagrees with the cache, whose rows hold "
+            f"{expected.flatten().tolist()} tokens: those are the next tokens' positions (pass "
+            "None to take them from the cache)"
         )
 
 
@@ -127,6 +157,7 @@ def generate(
     input_ids: torch.Tensor,
     max_new_tokens: int,
     *,
+    attention_mask: torch.Tensor | None = None,
     step: DecodeStep | None = None,
     cache: KVpopCache | None = None,
     eos_token_id: int | list[int] | None = USE_MODEL_DEFAULT,
@@ -148,8 +179,10 @@ def generate(
     row that has ended is filled with ``pad_token_id`` (default: the generation config's, else
     the first EOS id), and the loop ends once every row has ended.
 
-    ``step`` is the decode step (``compile(model)``'s, or eager by default). A ``cache`` that
-    already holds a sequence is continued: ``input_ids`` are the tokens that follow it."""
+    ``attention_mask (B, N)`` takes left-padded prompts of different lengths (see
+    :func:`prefill`): every row gets the tokens it gets alone. ``step`` is the decode step
+    (``compile(model)``'s, or eager by default). A ``cache`` that already holds a sequence is
+    continued: ``input_ids`` are the tokens that follow it."""
     _require_transformed(model)
     require_int("max_new_tokens", max_new_tokens, 1)
     eos = _eos_ids(model, eos_token_id)
@@ -158,7 +191,7 @@ def generate(
     choose = _token_chooser(model, do_sample, sampling, input_ids.device)
     cache = new_cache(model) if cache is None else cache
     step = partial(decode_one_token, model) if step is None else step
-    token = choose(input_ids, prefill(model, input_ids, cache))
+    token = choose(input_ids, prefill(model, input_ids, cache, attention_mask=attention_mask))
     tokens = torch.cat([input_ids, token], dim=1)
     ended = _is_eos(token, eos)
     for _ in range(max_new_tokens - 1):

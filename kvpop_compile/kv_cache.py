@@ -54,8 +54,10 @@ class KVpopLayer(CacheLayerMixin):
         return self.state
 
     def get_seq_length(self):
-        # A 0-d tensor, like transformers' static layers: no host sync and no recompilation.
-        return self.state.seen if self.state is not None else 0
+        # The columns run so far, which transformers counts with the padding: the longest row's
+        # tokens (a left-padded batch's longest row has none). A 0-d tensor, like transformers'
+        # static layers: no host sync and no recompilation.
+        return self.state.seen.max() if self.state is not None else 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # KVpop attention builds its own causal, eviction-aware masking and ignores the model's
@@ -73,10 +75,9 @@ class KVpopLayer(CacheLayerMixin):
         """Replace the batch by ``rows`` of it (a reorder, repeat or subset)."""
         if self.state is None:
             return
-        for f in fields(self.state):
+        for f in fields(self.state):  # every field has the batch first
             tensor = getattr(self.state, f.name)
-            if tensor.dim() > 0:  # every field but `seen` has the batch first
-                setattr(self.state, f.name, tensor.index_select(0, rows.to(tensor.device)))
+            setattr(self.state, f.name, tensor.index_select(0, rows.to(tensor.device)))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_rows(beam_idx)
@@ -98,6 +99,10 @@ class KVpopCache(Cache):
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         super().__init__(layers=[KVpopLayer(config) for _ in range(num_layers)])
         self.config = config
+        # Per row, how many of the current forward's leading tokens are left padding, which no
+        # layer may write (set by the transformed model's forward hook from the attention
+        # mask); None when the forward has no padding.
+        self.row_padding: list[int] | None = None
 
     @classmethod
     def from_states(cls, config: KVpopConfig, states: list[BoundedCacheState]) -> KVpopCache:
@@ -108,6 +113,14 @@ class KVpopCache(Cache):
             layer.state = state
             layer.is_initialized = True
         return cache
+
+    def next_positions(self, batch: int, device) -> torch.Tensor:
+        """``(batch,)`` int64 position of each row's next token: the tokens its row holds (0 for
+        a cache no forward has written yet). Read on the device, no host synchronisation."""
+        state = self.layers[0].state
+        if state is None:
+            return torch.zeros(batch, dtype=torch.int64, device=device)
+        return state.seen
 
     @property
     def nbytes(self) -> int:

@@ -96,4 +96,25 @@ class KVpopAttention(nn.Module):
         # One token is a decode step; several are a prefill chunk, which continues whatever
         # the cache holds (an empty cache, a chunk of a long prompt, or a continued
         # conversation) with the chunked rule.
-        return self.graph(hidden_states, cos, sin, *state.tensors())[0], None
+        padding = cache.row_padding if isinstance(cache, KVpopCache) else None
+        if padding is None:
+            return self.graph(hidden_states, cos, sin, *state.tensors())[0], None
+        return self._rows_without_padding(hidden_states, cos, sin, state, padding), None
+
+    def _rows_without_padding(self, hidden_states, cos, sin, state, padding: list[int]):
+        """The forward of a batch whose rows start with ``padding[b]`` pad tokens: each row's
+        tokens alone through the graph, against its row of the cache (views: the graph updates
+        the batch's state in place). Padding is never cached or scored; its outputs are 0."""
+        out = torch.zeros_like(hidden_states)
+        for row, pad in enumerate(padding):
+            if pad == hidden_states.shape[1]:
+                continue  # nothing but padding in this row yet
+            tokens = slice(pad, None)
+            row_state = (tensor[row : row + 1] for tensor in state.tensors())
+            out[row : row + 1, tokens] = self.graph(
+                hidden_states[row : row + 1, tokens],
+                cos[row : row + 1, tokens],
+                sin[row : row + 1, tokens],
+                *row_state,
+            )[0]
+        return out

@@ -76,29 +76,48 @@ def _check_model(model: nn.Module, config: KVpopConfig) -> None:
 
 class BoundedCacheHook:
     """Forward pre-hook on the decoder stack (``model.model``): give every forward a KVpopCache
-    unless it has one, and refuse masks KVpop attention cannot honour (it is causal, with one
-    unpadded sequence per row). A plain class, so a transformed model pickles and deep-copies
-    without holding on to the original."""
+    unless it has one, and tell it which of the forward's tokens are left padding (KVpop
+    attention is causal; it honours a 2-D mask that left-pads rows to one length and refuses
+    any other). A plain class, so a transformed model pickles and deep-copies without holding
+    on to the original."""
 
     def __init__(self, num_layers: int, config: KVpopConfig):
         self.num_layers = num_layers
         self.config = config
 
     @staticmethod
-    def _check_mask(mask) -> None:
+    def _row_padding(mask, length: int) -> list[int] | None:
+        """Per row, how many of the forward's ``length`` new tokens are padding (``None``: no
+        padding), from the mask over every column so far."""
         if mask is None:
-            return
+            return None
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             raise ValueError(
                 "KVpop attention is causal and ignores custom or prepared attention masks; pass "
-                "a 2-D attention_mask without padding (or none), and keep generate()'s default "
-                "cache_implementation"
+                "a 2-D attention_mask (1: token, 0: left padding) or none, and keep generate()'s "
+                "default cache_implementation"
             )
-        if bool((mask == 0).any()):
+        if mask.shape[1] < length:
             raise ValueError(
-                "attention_mask has padding: a KVpop cache holds one unpadded sequence per row; "
-                "generate sequences of different lengths in separate calls"
+                f"attention_mask covers {mask.shape[1]} columns, fewer than the {length} tokens "
+                "of this forward; pass the mask of every column so far"
             )
+        mask = mask != 0
+        if bool(mask.all()):
+            return None
+        if bool((mask[:, 1:] < mask[:, :-1]).any()):
+            row = int((mask[:, 1:] < mask[:, :-1]).any(dim=1).nonzero()[0])
+            raise ValueError(
+                f"attention_mask row {row} has padding after a token: KVpop takes left padding "
+                "only (tokenizer padding_side='left')"
+            )
+        if not bool(mask[:, 0].any()):
+            raise ValueError(
+                "attention_mask pads every row at its first column: drop the columns that are "
+                "padding in every row"
+            )
+        padding = (length - mask[:, -length:].sum(dim=1)).tolist()
+        return padding if any(padding) else None
 
     @staticmethod
     def _check_cache(cache) -> None:
@@ -112,22 +131,35 @@ class BoundedCacheHook:
                 "cache_implementation, and compile the decode step with kvpop_compile.compile"
             )
 
+    @staticmethod
+    def _length(args, kwargs) -> int:
+        """How many tokens the forward runs: columns of its ids or embeddings."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        return ids.shape[1]
+
     def __call__(self, module, args, kwargs):
         self._check_cache(kwargs.get("past_key_values", kwargs.get("cache")))
-        self._check_mask(kwargs["attention_mask"] if "attention_mask" in kwargs else (
-            args[1] if len(args) > 1 else None))  # fmt: skip
-        if kwargs.get("use_cache") is False:
-            return None
+        mask = kwargs["attention_mask"] if "attention_mask" in kwargs else (
+            args[1] if len(args) > 1 else None)  # fmt: skip
+        padding = self._row_padding(mask, self._length(args, kwargs))
         name = "past_key_values" if "past_key_values" in kwargs else "cache"
         cache = kwargs.get(name)
         if isinstance(cache, KVpopCache):
+            cache.row_padding = padding
             return None
+        if kwargs.get("use_cache") is False and padding is None:
+            return None  # each layer attends within the forward alone
         if cache is not None and int(cache.get_seq_length()) > 0:
             raise TypeError(
                 f"a transformed model keeps its KV state in a KVpopCache, got a filled "
                 f"{type(cache).__name__}; pass the KVpopCache a previous forward returned"
             )
+        # A forward without a cache (use_cache=False) but with padding gets a fresh one too:
+        # the cache is where the layers find which tokens are padding.
         kwargs[name] = KVpopCache(self.num_layers, self.config)
+        kwargs[name].row_padding = padding
         return args, kwargs
 
 

@@ -51,7 +51,7 @@ def _held(state: BoundedCacheState):
 
 def _assert_same_state(a: BoundedCacheState, b: BoundedCacheState) -> None:
     assert a.cached_positions() == b.cached_positions()
-    assert int(a.seen) == int(b.seen)
+    assert torch.equal(a.seen, b.seen)
     for x, y in zip(_held(a), _held(b), strict=True):
         torch.testing.assert_close(x, y, **TOLERANCE)
     torch.testing.assert_close(a.scorer_state, b.scorer_state, **TOLERANCE)

@@ -20,7 +20,7 @@ def test_a_position_that_disagrees_with_the_cache_is_refused(model):
     cache = kc.new_cache(model)
     kc.prefill(model, ids, cache)
     token = torch.tensor([[5]])
-    disagrees = r"position \[7\] disagrees with the cache, which holds 40"
+    disagrees = r"position \[7\] disagrees with the cache, whose rows hold \[40\] tokens"
     with pytest.raises(ValueError, match=disagrees):
         kc.decode_one_token(model, token, torch.tensor([[7]]), cache)
     with pytest.raises(ValueError, match=r"expected position of shape \(1, 1\), got \(1,\)"):

@@ -69,31 +69,83 @@ class EngineRunner:
             raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
         return self._run("decode", token)
 
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Start a new sequence with the prompt ``(B, N)`` → next-token logits ``(B, vocab)``.
 
         The prompt runs in chunks of the engine's ``prefill_length`` through its prefill step
         (each chunk continues the cache exactly), and what is left over, or the whole prompt
-        for an engine without one, through decode steps: the same result either way."""
+        for an engine without one, through decode steps: the same result either way.
+
+        ``attention_mask (B, N)`` (1: token, 0: padding) takes left-padded prompts of different
+        lengths. The columns where some row is still padding run through decode steps whose
+        padded rows' cache is put back afterwards, so padding never enters a cache; the rest
+        runs as above, each row continuing from its own length."""
         input_ids = self._check(input_ids)
         if input_ids.shape[1] < 1:
             raise ValueError("prefill needs at least one token")
         self.reset()
-        whole = 0
+        padded = self._padded_columns(input_ids, attention_mask)
+        for i in range(padded.shape[1]):
+            logits = self._decode_rows(input_ids[:, i : i + 1], active=~padded[:, i])
+        begin = whole = padded.shape[1]  # from here on, every row has tokens
         if self.prefill_length:
-            whole = input_ids.shape[1] - input_ids.shape[1] % self.prefill_length
-            for start in range(0, whole, self.prefill_length):
+            whole += (input_ids.shape[1] - begin) // self.prefill_length * self.prefill_length
+            for start in range(begin, whole, self.prefill_length):
                 logits = self._run("prefill", input_ids[:, start : start + self.prefill_length])
         for i in range(whole, input_ids.shape[1]):
             logits = self.decode(input_ids[:, i : i + 1])
         return logits
 
+    def _padded_columns(self, input_ids: torch.Tensor, attention_mask) -> torch.Tensor:
+        """``(B, P)`` bool: which of the first ``P`` columns are padding, ``P`` the last column
+        any row pads (``P = 0`` without padding). Refuses a mask that is not left padding."""
+        if attention_mask is None:
+            return torch.zeros(self.batch, 0, dtype=torch.bool)
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            got = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else (
+                type(attention_mask).__name__)  # fmt: skip
+            raise ValueError(
+                f"attention_mask must have the ids' shape {tuple(input_ids.shape)}, got {got}"
+            )
+        tokens = attention_mask.cpu() != 0
+        if bool((tokens[:, 1:] < tokens[:, :-1]).any()):
+            raise ValueError(
+                "attention_mask has padding after a token: pass left-padded prompts "
+                "(tokenizer padding_side='left')"
+            )
+        if not bool(tokens[:, 0].any()):
+            raise ValueError(
+                "attention_mask pads every row at its first column: drop the columns that are "
+                "padding in every row"
+            )
+        return ~tokens[:, : int((~tokens).sum(dim=1).max())]
+
+    def _decode_rows(self, token: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """A decode step that changes the cache of the ``active (B,)`` rows only."""
+        if bool(active.all()):
+            return self.decode(token)
+        before = [tensor.clone() for tensor in self.state]
+        logits = self.decode(token)
+        active = active.to(self.device)
+        for tensor, old in zip(self.state, before, strict=True):
+            keep = active.view(-1, *([1] * (tensor.dim() - 1)))
+            tensor.copy_(torch.where(keep, tensor, old))
+        return logits
+
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy generation: ``(B, N)`` → ``(B, N + max_new_tokens)``."""
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Greedy generation: ``(B, N)`` → ``(B, N + max_new_tokens)``; ``attention_mask`` as
+        in :meth:`prefill`."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        token = self.prefill(input_ids).argmax(dim=-1, keepdim=True)
+        token = self.prefill(input_ids, attention_mask).argmax(dim=-1, keepdim=True)
         tokens = [input_ids.to(token.device), token]
         for _ in range(max_new_tokens - 1):
             token = self.decode(token).argmax(dim=-1, keepdim=True)

@@ -54,7 +54,7 @@ class DecodeStep(_Step):
     def forward(self, token: torch.Tensor, *state: torch.Tensor):
         state = self._state(state)
         cache = _cache_over(self.model, state)
-        position = cache.layers[0].state.seen.view(1, 1).expand(token.shape[0], 1)
+        position = cache.layers[0].state.seen.view(-1, 1)  # each row's own length
         out = self.model(input_ids=token, position_ids=position, cache=cache, use_cache=True)
         return (out.logits[:, -1].float(), *state)
 
@@ -67,5 +67,10 @@ class PrefillStep(_Step):
     def forward(self, input_ids: torch.Tensor, *state: torch.Tensor):
         state = self._state(state)
         cache = _cache_over(self.model, state)
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        start = cache.layers[0].state.seen.view(-1, 1)  # each row's own length
+        positions = start + torch.arange(input_ids.shape[1], device=input_ids.device)
+        out = self.model(
+            input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
         return (out.logits[:, -1].float(), *state)

@@ -26,8 +26,8 @@ from .scorers import AttentionFedScorer, Scorer
 class LeavingToken:
     """The token whose window slot the new token takes: all ``(B, H, ...)``."""
 
-    slot: torch.Tensor  # () int64 cache slot of the window ring entry
-    ring: torch.Tensor  # () int64 index in the window ring
+    slot: torch.Tensor  # (B,) int64 cache slot of the window ring entry, per row
+    ring: torch.Tensor  # (B,) int64 index in the window ring
     key: torch.Tensor  # (B, H, D) after RoPE
     raw_key: torch.Tensor  # (B, H, D) before RoPE (scorer input)
     value: torch.Tensor  # (B, H, D)
@@ -35,26 +35,34 @@ class LeavingToken:
     statistic: torch.Tensor  # (B, H) float32 attention statistic (attention-fed scorers)
 
 
-def _select(tensor: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
-    return tensor.index_select(dim, index.view(1)).squeeze(dim)
+def _gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Entries ``slots (B, n)`` along dim 2 of ``tensor (B, H, C, ...)``, the same for every
+    head: ``(B, H, n, ...)``."""
+    index = slots.view(*slots.shape[:1], 1, slots.shape[-1], *([1] * (tensor.dim() - 3)))
+    return tensor.gather(2, index.expand(-1, tensor.shape[1], -1, *tensor.shape[3:]))
 
 
 def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken:
-    """The window ring entry the next token overwrites: token ``seen - window`` once the window
-    is full (and it is not a sink), otherwise an empty slot (``position == -1``)."""
+    """The window ring entry each row's next token overwrites: token ``seen - window`` once the
+    window is full (and it is not a sink), otherwise an empty slot (``position == -1``)."""
     ring, slot = window_slot(state.seen, config.sinks, config.topk, config.window)
+    at_slot = slot.view(-1, 1)
+
+    def select(tensor: torch.Tensor, index: torch.Tensor = at_slot) -> torch.Tensor:
+        return _gather_slots(tensor, index).squeeze(2)
+
     statistic = (
-        _select(state.statistic, 2, slot)
+        select(state.statistic)
         if state.statistic.shape[-1]
         else torch.zeros_like(state.positions[..., 0], dtype=torch.float32)
     )
     return LeavingToken(
         slot=slot,
         ring=ring,
-        key=_select(state.keys, 2, slot),
-        raw_key=_select(state.window_keys, 2, ring),
-        value=_select(state.values, 2, slot),
-        position=_select(state.positions, 2, slot),
+        key=select(state.keys),
+        raw_key=select(state.window_keys, ring.view(-1, 1)),
+        value=select(state.values),
+        position=select(state.positions),
         statistic=statistic,
     )
 
@@ -136,7 +144,7 @@ def decode_step(
     """One token through the bounded cache, in place.
 
     Args:
-        state: the layer's cache; the new token has position ``state.seen``.
+        state: the layer's cache; row ``b``'s new token has position ``state.seen[b]``.
         q: ``(B, Hq, 1, D)`` query after RoPE.
         k, raw_k, v: ``(B, Hkv, 1, D)`` key after RoPE, key before RoPE, value.
 
@@ -213,8 +221,9 @@ def prefill(
     config: KVpopConfig,
     scale: float,
 ) -> torch.Tensor:
-    """``L`` tokens at once into the cache, continuing the sequence it holds (positions
-    ``seen .. seen + L - 1``; an empty cache starts at 0), in place: the chunked rule.
+    """``L`` tokens at once into the cache, continuing the sequence each row holds (row ``b``'s
+    positions ``seen[b] .. seen[b] + L - 1``; an empty cache starts at 0), in place: the chunked
+    rule.
 
     Same arguments as :func:`decode_step` with ``L`` tokens. Scores come from the scorer's
     parallel form continued from its state, eviction steps from the parallel rule over what the
@@ -283,27 +292,26 @@ class _Candidates:
 class _Chunk:
     """Index bookkeeping for one prompt chunk of ``length`` tokens entering ``state``: which
     token leaves the window at each step, the candidates of the pool, the visibility of every
-    key, and what the cache holds afterwards. Nothing here reads a value back to the host."""
+    key, and what the cache holds afterwards. Rows may have seen different numbers of tokens,
+    so every position is per row. Nothing here reads a value back to the host."""
 
     def __init__(self, state: BoundedCacheState, config: KVpopConfig, length: int):
         self.state, self.config, self.length = state, config, length
         device = state.keys.device
-        self.start = state.seen  # () int64: position of the chunk's first token
-        self.positions = self.start + torch.arange(length, device=device)  # (L,)
+        self.start = state.seen.view(-1, 1)  # (B, 1) int64: position of the chunk's first token
+        self.positions = self.start + torch.arange(length, device=device)  # (B, L)
         window = config.window
         # Step start + j moves the token at position start - W + j out of the window: the
         # ring's tokens first (in position order), then the chunk's own.
-        recent = self.start - window + torch.arange(window + length, device=device)
-        self.recent_positions = recent  # (W + L,)
-        self.ring_order = torch.remainder(recent[:window] - config.sinks, window)  # (W,)
-        self.leaving_positions = recent[:length]
+        recent = self.start - window + torch.arange(window + length, device=device)  # (B, W + L)
+        self.ring_order = torch.remainder(recent[:, :window] - config.sinks, window)  # (B, W)
+        self.leaving_positions = recent[:, None, :length]  # (B, 1, L)
 
     def leaving(self, raw_k: torch.Tensor, v: torch.Tensor):
         """Pre-RoPE key and value ``(B, H, L, D)`` of the token leaving at each step."""
         state, config = self.state, self.config
-        ring_slots = config.sinks + config.topk + self.ring_order
-        ring_keys = state.window_keys.index_select(2, self.ring_order)
-        ring_values = state.values.index_select(2, ring_slots)
+        ring_keys = _gather_slots(state.window_keys, self.ring_order)
+        ring_values = _gather_slots(state.values, config.sinks + config.topk + self.ring_order)
         keys = torch.cat([ring_keys, raw_k], dim=2)[:, :, : self.length]
         values = torch.cat([ring_values, v], dim=2)[:, :, : self.length]
         return keys, values
@@ -315,13 +323,14 @@ class _Chunk:
         held = state.positions[..., sinks:]  # (B, H, K + W): pool then ring slots
         pool, ring = held[..., :topk], held[..., topk:]
         shape = (*held.shape[:2], self.length)
+        start = self.start.unsqueeze(1)  # (B, 1, 1)
         # Priority of every token that leaves the window during the chunk, by leave step.
         leaving_priority = rhat + config.lam * self.leaving_positions.float()
         unscored = torch.full((*shape[:2], window), float("-inf"), device=rhat.device)
         recent_priority = torch.cat([leaving_priority, unscored], dim=-1)  # (B, H, W + L)
-        step_of_ring = (ring - (self.start - window)).clamp(0, window + self.length - 1)
-        chunk_tokens = self.positions.expand(shape)
-        entry_pool = torch.where(pool >= 0, self.start, NEVER)
+        step_of_ring = (ring - (start - window)).clamp(0, window + self.length - 1)
+        chunk_tokens = self.positions.unsqueeze(1).expand(shape)
+        entry_pool = torch.where(pool >= 0, start, NEVER)
         entry_ring = torch.where(ring >= 0, ring + window, NEVER)
         entry_chunk = torch.where(chunk_tokens >= sinks, chunk_tokens + window, NEVER)
         return _Candidates(
@@ -341,7 +350,7 @@ class _Chunk:
         """``(B, H, C + L)`` position of every key the chunk attends over: the cache's slots,
         then the chunk's tokens."""
         positions = self.state.positions
-        chunk = self.positions.expand(*positions.shape[:2], self.length)
+        chunk = self.positions.unsqueeze(1).expand(*positions.shape[:2], self.length)
         return torch.cat([positions, chunk], dim=-1)
 
     def key_steps(self, steps: torch.Tensor) -> torch.Tensor:
@@ -359,9 +368,9 @@ class _Chunk:
         evicted), then the chunk's sinks and its newest tokens in their ring slots."""
         state, config = self.state, self.config
         sinks, topk, window = config.sinks, config.topk, config.window
-        end = self.start + self.length
+        end = self.start + self.length  # (B, 1)
         # The pool, gathered before the ring slots it may draw from are overwritten.
-        alive = (candidates.entry < end) & (steps >= end)  # at most K per row
+        alive = (candidates.entry < end.unsqueeze(1)) & (steps >= end.unsqueeze(1))  # <= K per row
         chosen = torch.sort((~alive).to(torch.int8), dim=-1, stable=True).indices[..., :topk]
         kept = alive.gather(-1, chosen)
         held_keys = torch.cat([state.keys[..., sinks:, :], k], dim=2)
@@ -376,21 +385,25 @@ class _Chunk:
         state.keys[..., pool, :] = pool_keys
         state.values[..., pool, :] = pool_values
         # Sinks and ring slots: slot by slot, the newest position that maps there, if the chunk
-        # holds it (positions are equal across rows, so one index serves the batch).
+        # holds it. Slots are fixed; the positions they take are per row.
         device = k.device
-        sink_positions = torch.arange(sinks, device=device)
+        sink_positions = torch.arange(sinks, device=device).expand(end.shape[0], sinks)
         ring = torch.arange(window, device=device)
-        ring_positions = end - 1 - torch.remainder(end - 1 - sinks - ring, window)
-        slots = torch.cat([sink_positions, sinks + topk + ring])
-        newest = torch.cat([sink_positions, ring_positions])
+        ring_positions = end - 1 - torch.remainder(end - 1 - sinks - ring, window)  # (B, W)
+        slots = torch.cat([torch.arange(sinks, device=device), sinks + topk + ring])
+        newest = torch.cat([sink_positions, ring_positions], dim=-1)  # (B, S + W)
         # A ring slot's newest position is below `end` by construction; a sink's may not be.
-        from_chunk = (newest >= self.start) & (newest < end) & ((slots < sinks) | (newest >= sinks))
-        index = (newest - self.start).clamp(0, self.length - 1)
-        _overwrite_slots(state.keys, slots, from_chunk, k.index_select(2, index))
-        _overwrite_slots(state.values, slots, from_chunk, v.index_select(2, index))
-        state.positions[..., slots] = torch.where(from_chunk, newest, state.positions[..., slots])
-        ring_rows = raw_k.index_select(2, index[sinks:])
-        state.window_keys.copy_(torch.where(from_chunk[sinks:, None], ring_rows, state.window_keys))
+        is_ring = torch.arange(sinks + window, device=device) >= sinks
+        from_chunk = (newest >= self.start) & (newest < end) & (~is_ring | (newest >= sinks))
+        index = (newest - self.start).clamp(0, self.length - 1)  # (B, S + W)
+        _overwrite_slots(state.keys, slots, from_chunk, _gather_slots(k, index))
+        _overwrite_slots(state.values, slots, from_chunk, _gather_slots(v, index))
+        state.positions[..., slots] = torch.where(
+            from_chunk.unsqueeze(1), newest.unsqueeze(1), state.positions[..., slots]
+        )
+        ring_rows = _gather_slots(raw_k, index[:, sinks:])
+        take = from_chunk[:, None, sinks:, None]
+        state.window_keys.copy_(torch.where(take, ring_rows, state.window_keys))
 
 
 def _gather_rows(source: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -400,5 +413,5 @@ def _gather_rows(source: torch.Tensor, index: torch.Tensor, keep: torch.Tensor) 
 
 
 def _overwrite_slots(cache, slots, take, rows) -> None:
-    """``cache[..., slots, :] = rows`` where ``take (len(slots),)``, else unchanged."""
-    cache[..., slots, :] = torch.where(take[:, None], rows, cache[..., slots, :])
+    """``cache[..., slots, :] = rows (B, H, n, D)`` where ``take (B, n)``, else unchanged."""
+    cache[..., slots, :] = torch.where(take[:, None, :, None], rows, cache[..., slots, :])

@@ -39,7 +39,9 @@ class BoundedCacheState:
         torch.Tensor
     )  # (B, H, C) float32 attention received (attention-fed scorers) or (B, H, 0)
     scorer_state: torch.Tensor  # (B, H, *scorer.state_shape) float32 recurrent scorer state
-    seen: torch.Tensor  # () int64 tokens written so far = position of the next token
+    # (B,) int64 tokens each row has written = the position of its next token. Per row, so a
+    # batch of prompts of different lengths (left-padded, the padding never written) is held.
+    seen: torch.Tensor
 
     @classmethod
     def empty(
@@ -67,7 +69,7 @@ class BoundedCacheState:
             ),
             statistic=torch.zeros(batch, heads, stat_slots, device=device),
             scorer_state=scorer.init_state(batch, device),
-            seen=torch.zeros((), dtype=torch.int64, device=device),
+            seen=torch.zeros(batch, dtype=torch.int64, device=device),
         )
         state.reset_()
         return state

@@ -78,7 +78,8 @@ def evict_into_pool_(
 
 
 def window_slot(seen: torch.Tensor, sinks: int, topk: int, window: int):
-    """Ring index and cache slot of position ``seen`` in the window ring: ``() int64`` each."""
+    """Ring index and cache slot of position ``seen`` in the window ring: int64 of ``seen``'s
+    shape each (``(B,)`` for a cache's per-row positions)."""
     ring = torch.remainder(seen - sinks, window)
     return ring, sinks + topk + ring
 
@@ -97,15 +98,16 @@ def write_new_token_(
     topk: int,
     window: int,
 ) -> None:
-    """Write the token at position ``seen`` (``key, raw_key, value (B, H, 1, D)``), in place:
-    into sink slot ``seen`` while ``seen < sinks``, otherwise into its window ring slot."""
+    """Write each row's token at its position ``seen (B,)`` (``key, raw_key, value
+    (B, H, 1, D)``), in place: into sink slot ``seen`` while ``seen < sinks``, otherwise into
+    its window ring slot."""
     ring, ring_slot = window_slot(seen, sinks, topk, window)
     slot = torch.where(seen < sinks, seen, ring_slot)
     rows = _rows(keys)
-    at_slot, at_ring = (*rows, slot.view(1, 1)), (*rows, ring.view(1, 1))  # (B, H) each
+    at_slot, at_ring = (*rows, slot.view(-1, 1)), (*rows, ring.view(-1, 1))  # (B, H) each
     keys.index_put_(at_slot, key[:, :, 0].to(keys.dtype))
     values.index_put_(at_slot, value[:, :, 0].to(values.dtype))
-    positions.index_put_(at_slot, seen.expand(*positions.shape[:2]))
+    positions.index_put_(at_slot, seen.view(-1, 1).expand(*positions.shape[:2]))
     window_keys.index_put_(at_ring, raw_key[:, :, 0].to(window_keys.dtype))
     if statistic.shape[-1]:
         statistic.index_put_(at_slot, torch.zeros((), dtype=statistic.dtype, device=keys.device))

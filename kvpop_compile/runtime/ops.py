@@ -113,7 +113,8 @@ def write_token(
     topk: int,
     window: int,
 ) -> None:
-    """Write the token at position ``seen`` into its sink or window-ring slot (in place)."""
+    """Write each row's token at its position ``seen (B,)`` into its sink or window-ring slot
+    (in place)."""
     write = _kernels().write_new_token if use_triton(keys) else cache_update.write_new_token_
     write(
         keys, values, positions, window_keys, statistic, seen, key, raw_key, value,

@@ -121,8 +121,9 @@ class Scorer(nn.Module):
             k, v: ``(B, H, L, D)`` the chunk's tokens, which update the state one by one.
             leaving_k, leaving_v: ``(B, H, L, D)`` the token leaving the window at each step,
                 read against the state after that step's update.
-            leaving_position: ``(L,)`` int64 their positions (meaningless entries, for steps
-                at which no token leaves, are scored and ignored by the caller).
+            leaving_position: ``(B, 1, L)`` int64 their positions, per row (meaningless
+                entries, for steps at which no token leaves, are scored and ignored by the
+                caller).
 
         Returns:
             ``rhat (B, H, L)`` float32 and the state after the chunk.

@@ -123,11 +123,11 @@ def evict_into_pool(
 @triton.jit
 def _write_token_kernel(
     keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
-    sinks, topk, window, capacity, dim,
+    heads, sinks, topk, window, capacity, dim,
     BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
-    position = tl.load(seen)
+    position = tl.load(seen + row // heads)  # the row's batch entry
     ring = (position - sinks) % window
     ring = tl.where(ring < 0, ring + window, ring)  # the sign of % follows C for negatives
     slot = tl.where(position < sinks, position, sinks + topk + ring)
@@ -161,7 +161,7 @@ def write_new_token(
     window: int,
 ) -> None:
     """Triton version of :func:`~kvpop_compile.runtime.cache_update.write_new_token_`, same
-    arguments: the token at position ``seen`` (``() int64``) with ``key, raw_key, value
+    arguments: each row's token at its position ``seen`` (``(B,) int64``) with ``key, raw_key, value
     (B, H, 1, D)`` goes into its sink or window-ring slot; ``window_keys (B, H, W, D)``."""
     require_contiguous(
         keys=keys, values=values, positions=positions, window_keys=window_keys,
@@ -169,9 +169,10 @@ def write_new_token(
     )  # fmt: skip
     batch, heads, capacity, dim = keys.shape
     wrap_triton(_write_token_kernel)[(batch * heads,)](
-        keys, values, positions, window_keys, statistic, seen.to(torch.int64).reshape(1),
+        keys, values, positions, window_keys, statistic,
+        seen.to(torch.int64).expand(batch).contiguous(),
         key.to(keys.dtype).contiguous(), raw_key.to(window_keys.dtype).contiguous(),
         value.to(values.dtype).contiguous(),
-        sinks, topk, window, capacity, dim,
+        heads, sinks, topk, window, capacity, dim,
         BLOCK_D=next_power_of_2(dim), HAS_STATISTIC=statistic.shape[-1] > 0,
     )  # fmt: skip
