@@ -7,34 +7,32 @@ measured in the same process, one right after the other.
 Peak memory is the process's peak resident set (``VmHWM``), reset before the measured region
 through ``/proc/self/clear_refs``, minus what stays resident once the measured objects are
 freed: memory a path holds and allocates while it runs, whatever allocates it (C++ kernels
-included), and not the weights or libraries every path shares.
+included), and not the weights or libraries every path shares. The meter, the model shapes and
+the table format live in :mod:`kvpop_compile.evaluation`, which ``kvpop-compile bench`` uses
+too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import re
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+# Shared with `kvpop-compile bench`, so they live in the package (the wheel has no benchmarks/).
+from kvpop_compile.evaluation.long_context import context_label
+from kvpop_compile.evaluation.long_context_report import table
+from kvpop_compile.evaluation.model_shapes import SHAPES, qwen3_model
+from kvpop_compile.evaluation.peak_memory import PeakMemory, peak_memory_supported
+
+__all__ = [
+    "SHAPES", "Measured", "MiB", "PeakMemory", "Section", "Target", "Timing", "context_label",
+    "interleave", "measure", "mib", "peak_memory_supported", "qwen3_model", "table",
+]  # fmt: skip
 
 MiB = 2**20
-
-# Qwen3 layer shapes: Qwen3-0.6B's attention and MLP, and a tiny one for --quick.
-SHAPES = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128),
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16),
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -105,101 +103,8 @@ def interleave(
     return {key: Measured(Timing(tuple(samples[key])), peaks[key]) for key in calls}
 
 
-def _status_kib(field_name: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{field_name}:\s+(\d+) kB", text, re.MULTILINE).group(1))
-
-
-def _release_free_heap() -> None:
-    # Freed blocks below glibc's mmap threshold stay resident in the heap; trimming returns
-    # them, so the resident size after a measurement counts live memory only.
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 1 << 20
-
-
-def _fix_mmap_threshold() -> None:
-    # glibc raises its mmap threshold each time a large block is freed, after which large
-    # tensors come from the heap and their pages may stay resident; how much depends on the
-    # order of earlier allocations. A fixed threshold maps every tensor of 1 MiB or more on its
-    # own and returns it when freed, so a peak reflects the memory a path needs, not history.
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
-
-
-def peak_memory_supported() -> bool:
-    """Whether this process can reset and read its peak resident set (Linux ≥ 4.0)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        _status_kib("VmHWM")
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
-class PeakMemory:
-    """Peak resident memory of a region, in bytes.
-
-    ``with PeakMemory() as peak: ...`` resets the peak on entry. :meth:`growth` is the peak above
-    the resident size at entry; :meth:`settle`, called once the region's objects are freed, the
-    peak above what stays resident. Both are ``None`` where the peak cannot be read (not Linux).
-    """
-
-    def __init__(self):
-        self.supported = peak_memory_supported()
-        if self.supported:
-            _fix_mmap_threshold()
-        self.start_kib: int | None = None
-        self.peak_kib: int | None = None
-        self.bytes: int | None = None
-
-    def __enter__(self) -> PeakMemory:
-        if self.supported:
-            _release_free_heap()
-            self.start_kib = _status_kib("VmRSS")
-            Path("/proc/self/clear_refs").write_text("5")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.supported:
-            self.peak_kib = _status_kib("VmHWM")
-
-    def growth(self) -> int | None:
-        """The peak above the resident size when the region began."""
-        if self.peak_kib is None:
-            return None
-        return max(0, self.peak_kib - self.start_kib) * 1024
-
-    def settle(self) -> int | None:
-        """Record the peak above the resident size now (call after freeing the region's data)."""
-        if self.peak_kib is None:
-            return None
-        _release_free_heap()
-        self.bytes = max(0, self.peak_kib - _status_kib("VmRSS")) * 1024
-        return self.bytes
-
-
 def mib(nbytes: int | None) -> str:
     return "n/a" if nbytes is None else f"{nbytes / MiB:,.1f}"
-
-
-def context_label(n: int) -> str:
-    """``1024 -> '1k'``, ``32768 -> '32k'``; other sizes as they are."""
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 @dataclass
@@ -236,35 +141,3 @@ class Section:
         if self.targets:
             parts.append("\n".join(target.line() for target in self.targets))
         return "\n\n".join(parts)
-
-
-def qwen3_model(
-    shape: str,
-    *,
-    layers: int,
-    vocab: int,
-    max_positions: int,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-):
-    """A Qwen3 with ``SHAPES[shape]`` layers and random weights, in eval mode, created directly
-    on ``device`` in ``dtype``. The same ``seed`` gives the same weights, so a baseline and a
-    transformed copy compute the same function."""
-    if shape not in SHAPES:
-        raise ValueError(f"shape must be one of {', '.join(SHAPES)}; got {shape!r}")
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab,
-        num_hidden_layers=layers,
-        max_position_embeddings=max_positions,
-        attn_implementation="sdpa",
-        **SHAPES[shape],
-    )
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            return Qwen3ForCausalLM(config).eval()
-    finally:
-        torch.set_default_dtype(default)

@@ -2,6 +2,11 @@
 
     python benchmarks/run_all.py            # the full suite (about an hour on a 2-core CPU)
     python benchmarks/run_all.py --quick    # tiny sizes and eager paths only: checks it runs
+    python benchmarks/run_all.py --quick --only bench   # kvpop-compile bench's code, tiny
+
+The ``bench`` family is ``kvpop-compile bench`` (:mod:`kvpop_compile.evaluation.long_context`)
+on a small model; ``--quick`` runs it only when ``--only bench`` names it, so the quick suite's
+families stay the four CI checks.
 
 Writes ``performance.md`` (method, tables, targets), ``performance.json`` (every sample) and
 PNG plots (matplotlib) to ``benchmarks/results/``, or ``--out``.
@@ -26,12 +31,40 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+import kvpop_compile as kc  # noqa: E402
 from benchmarks import long_decode, policy_overhead, prefill, target_pass  # noqa: E402
-from benchmarks.harness import Section  # noqa: E402
+from benchmarks.harness import Section, qwen3_model  # noqa: E402
 from benchmarks.plots import matplotlib_available  # noqa: E402
+from kvpop_compile.evaluation.long_context import (  # noqa: E402
+    METHODS,
+    BenchSettings,
+    cpu_name,
+    run_bench,
+)
+from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
+    COLUMN_NOTES,
+    bench_json,
+    bench_setup,
+    bench_table,
+    plot_bench,
+)
 
-FAMILIES = ("decode", "policy", "target", "prefill")
+FAMILIES = ("decode", "policy", "target", "prefill", "bench")
+QUICK_FAMILIES = ("decode", "policy", "target", "prefill")  # what --quick runs unless --only
 RESULTS = Path(__file__).resolve().parent / "results"
+# kvpop-compile bench on two layers of Qwen3-0.6B shapes with a small vocabulary (so that the LM
+# head does not dominate the step), every method but the AOTInductor engine, whose export the
+# decode family already measures.
+BENCH_FULL = dict(
+    shape="qwen3-0.6b", layers=2, vocab=512,
+    settings=BenchSettings(contexts=(2048, 8192), decode_tokens=8, warmup=3,
+                           kvpop=kc.KVpopConfig(sinks=4, window=128, topk=892)),
+)  # fmt: skip
+BENCH_QUICK = dict(
+    shape="tiny", layers=1, vocab=256,
+    settings=BenchSettings(contexts=(32, 96), methods=("dynamic", "eager"), decode_tokens=2,
+                           warmup=1, kvpop=kc.KVpopConfig(sinks=2, window=8, topk=22)),
+)  # fmt: skip
 
 
 def _model_step(decode: Section | None, quick: bool) -> policy_overhead.ModelStep | None:
@@ -56,6 +89,32 @@ def _model_step(decode: Section | None, quick: bool) -> policy_overhead.ModelSte
     )
 
 
+def bench_section(quick: bool) -> Section:
+    """``kvpop-compile bench``'s measurements on a small model, as one of the suite's sections."""
+    spec = BENCH_QUICK if quick else BENCH_FULL
+    settings = spec["settings"]
+    longest = max(*settings.contexts, settings.kvpop.capacity)
+    model = qwen3_model(
+        spec["shape"], layers=spec["layers"], vocab=spec["vocab"], max_positions=2 * longest
+    )
+    name = f"`{spec['shape']}` shape, vocabulary {spec['vocab']}, random weights"
+    result = run_bench(model, settings, model_name=name, progress=False)
+    section = Section(
+        title="Prefill and decode end to end (kvpop-compile bench)",
+        method=(
+            "What `kvpop-compile bench` measures on a user's machine "
+            "(`kvpop_compile.evaluation.long_context`): for each N, a random N-token prompt "
+            "runs into a new cache and decode steps follow; methods: "
+            f"{', '.join(METHODS[m] for m in settings.methods)}. {bench_setup(result)}"
+        ),
+        tables=[bench_table(result), COLUMN_NOTES],
+        notes=result.notes,
+        data=bench_json(result),
+    )
+    section.plots = {"long_context.png": lambda path: plot_bench(result, path)}
+    return section
+
+
 def run_families(families: list[str], quick: bool) -> list[Section]:
     def pick(module):
         return module.QUICK if quick else module.FULL
@@ -71,8 +130,10 @@ def run_families(families: list[str], quick: bool) -> list[Section]:
             sections[family] = policy_overhead.run(pick(policy_overhead), model)
         elif family == "target":
             sections[family] = target_pass.run(pick(target_pass))
-        else:
+        elif family == "prefill":
             sections[family] = prefill.run(pick(prefill))
+        else:
+            sections[family] = bench_section(quick)
         print(f"[{family}] done in {time.perf_counter() - start:.0f} s", flush=True)
     return list(sections.values())
 
@@ -94,14 +155,7 @@ def _commit() -> str:
 
 
 def _environment(load_before: tuple[float, ...]) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     load_after = os.getloadavg() if hasattr(os, "getloadavg") else ()
     load = " → ".join(f"{value[0]:.2f}" for value in (load_before, load_after) if value)
     return (
@@ -154,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 1:
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    families = [f for f in FAMILIES if args.only is None or f in args.only]
+    default = QUICK_FAMILIES if args.quick else FAMILIES
+    families = [f for f in FAMILIES if (f in default if args.only is None else f in args.only)]
     command = "python benchmarks/run_all.py" + "".join(
         f" {shlex.quote(a)}" for a in (argv if argv is not None else sys.argv[1:])
     )

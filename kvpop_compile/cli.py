@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,44 @@ def _checkpoint(text: str) -> str:
             f"{text!r} has no config.json; give a local Hugging Face checkpoint folder "
             "(config.json and the weights)"
         )
+    return text
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    """argparse type: prompt lengths such as ``8k,32k`` (k = 1024 tokens)."""
+    from .evaluation.long_context import parse_contexts
+
+    try:
+        return parse_contexts(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    """argparse type: benchmark methods, comma-separated."""
+    from .evaluation.long_context import METHODS
+
+    methods = tuple(item.strip() for item in text.split(","))
+    for method in methods:
+        if method not in METHODS:
+            raise argparse.ArgumentTypeError(
+                f"unknown method {method!r}; choose from {', '.join(METHODS)}"
+            )
+    return methods
+
+
+def _device(text: str) -> str:
+    """argparse type: ``cpu``, ``cuda`` or ``cuda:N``, refused when CUDA is not available."""
+    if text != "cpu" and not re.fullmatch(r"cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be cuda, cuda:N or cpu, got {text!r}")
+    if text.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not available here (torch.cuda.is_available() is False); use "
+                "--device cpu"
+            )
     return text
 
 
@@ -136,6 +175,39 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path) -> int:
     )  # fmt: skip
     print(result["document"])
     print(f"wrote {out / 'recall.md'} and {out / 'recall.json'}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .config import KVpopConfig
+    from .evaluation.long_context import BenchSettings, bench_model, run_bench
+    from .evaluation.long_context_report import bench_setup, bench_table, write_bench
+
+    if args.layers is not None and args.model is not None:
+        raise ValueError(
+            f"--layers {args.layers} cuts a --shape model; a --model checkpoint runs all its layers"
+        )
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    settings = BenchSettings(
+        contexts=tuple(n for group in args.contexts for n in group),
+        methods=tuple(m for group in args.methods for m in group),
+        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config,
+    )  # fmt: skip
+    model, name = bench_model(
+        path=args.model, shape=args.shape, layers=args.layers, dtype=args.dtype, device=device,
+        settings=settings,
+    )  # fmt: skip
+    result = run_bench(model, settings, model_name=name)
+    files = write_bench(result, args.out)
+    print(bench_setup(result), bench_table(result), sep="\n\n")
+    print(f"wrote {', '.join(str(f) for f in files)}")
     return 0
 
 
@@ -259,6 +331,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="held-out recall items per task and length (64)",
     )  # fmt: skip
     evaluator.set_defaults(run=_eval)
+
+    bench = commands.add_parser(
+        "bench",
+        help="long-context prefill and decode on this machine: transformers' caches against KVpop",
+    )
+    from .evaluation.long_context import DEFAULT_METHODS
+    from .evaluation.model_shapes import MODELS
+
+    model = bench.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", type=_checkpoint, help="local Qwen3 checkpoint folder")
+    model.add_argument(
+        "--shape", choices=list(MODELS), help="a released Qwen3's shape with random weights"
+    )
+    bench.add_argument(
+        "--layers", type=_integer(1), help="with --shape: this many layers (default: the model's)"
+    )
+    bench.add_argument("--device", type=_device, help="cuda or cpu (default: cuda when available)")
+    bench.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16"],
+        help="weights and cache (default: bfloat16 on CUDA, float32 on the CPU)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--contexts", type=_contexts, nargs="+", default=[(8192, 32768)],
+        help="prompt lengths, k = 1024 (default 8k,32k)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--methods", type=_methods, nargs="+", default=[DEFAULT_METHODS],
+        help=f"of dynamic, static, eager, compile, aoti (default {','.join(DEFAULT_METHODS)})",
+    )  # fmt: skip
+    bench.add_argument(
+        "--decode-tokens", type=_integer(1), default=16, help="timed decode steps (16)"
+    )
+    bench.add_argument(
+        "--warmup", type=_integer(1), default=3, help="untimed decode steps before them (3)"
+    )
+    _budget_arguments(bench)
+    bench.add_argument("--threads", type=_integer(1), help="torch threads (default: torch's)")
+    bench.add_argument("--out", default="kvpop_bench", help="results folder (kvpop_bench)")
+    bench.set_defaults(run=_bench)
 
     exporter = commands.add_parser("export", help="transform a local Qwen3 and export an engine")
     exporter.add_argument(

@@ -4,7 +4,8 @@
 # interpreted), chunked prefill on the kernels, the end-to-end and compiled decode, the engine
 # tests (AOTInductor; TensorRT when torch-tensorrt is importable); then the kernel benchmark
 # (benchmarks/results/kernels_gpu.md) and the long-context benchmark on the 36-layer Qwen3-4B
-# shape (benchmarks/results/gpu.md). Results are copied to $OUT when it is set.
+# shape (benchmarks/results/gpu.md, every figure in gpu.json; the code of kvpop-compile bench).
+# Results are copied to $OUT when it is set.
 # Uses the machine's Python with this checkout on PYTHONPATH; pytest-xdist spreads the tests
 # over 8 workers when it is installed. Exits non-zero if a step fails; skipped tests print
 # their reason.
@@ -27,6 +28,7 @@ timeout 200 python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" \
 timeout 90 python3 benchmarks/kernels.py || status=$?
 timeout 300 python3 benchmarks/gpu_long_context.py || status=$?
 if [[ -n "${OUT:-}" ]]; then
-    cp benchmarks/results/kernels_gpu.md benchmarks/results/gpu.md "$OUT"/ 2>/dev/null || true
+    cp benchmarks/results/kernels_gpu.md benchmarks/results/gpu.md benchmarks/results/gpu.json \
+        "$OUT"/ 2>/dev/null || true
 fi
 exit "$status"
