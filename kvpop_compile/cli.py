@@ -112,9 +112,8 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     result = run_demo(
-        tokens=args.tokens, prompt_tokens=args.prompt_tokens, model_path=args.model,
-        scorer=args.scorer, policy=args.policy, capacity=args.capacity,
-        image=None if args.no_image else args.image,
+        items=args.items, context=args.context, model_path=args.model, scorer=args.scorer,
+        policy=args.policy, capacity=args.capacity, image=None if args.no_image else args.image,
     )  # fmt: skip
     for line in result.report():
         print(line)
@@ -273,23 +272,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="the embedded Qwen3 continuing held-out code: full cache against KVpop"
+        "demo",
+        help="a held-out recall question: full attention, KVpop and a heuristic at one budget",
     )
-    demo.add_argument("--tokens", type=_integer(2), default=1024, help="tokens to generate (1024)")
     demo.add_argument(
-        "--prompt-tokens", type=_integer(1), default=1024, help="prompt length (1024)"
+        "--items", type=_integer(1), default=8, help="held-out recall items per task (8)"
+    )
+    demo.add_argument(
+        "--context", type=_integer(1), default=2048, help="item length in tokens: 1024 or 2048"
     )
     demo.add_argument(
         "--model",
         type=_checkpoint,
-        help="local Qwen3 checkpoint folder (default: the embedded one)",
+        help="local byte-level Qwen3 checkpoint folder (default: the embedded one)",
     )
     demo.add_argument("--scorer", help="trained scorer folder (save_scorer / kvpop-compile train)")
     demo.add_argument(
-        "--policy", help="a baseline policy instead: window, h2o, tova, knorm, random"
-    )
-    demo.add_argument("--capacity", type=_integer(1), default=256, help="baseline's capacity (256)")
-    demo.add_argument("--image", default="kvpop_demo.png", help="PNG of what the cache holds")
+        "--policy", default="window",
+        help="the heuristic compared at KVpop's budget: window (default), random, knorm, h2o, tova",
+    )  # fmt: skip
+    demo.add_argument(
+        "--capacity", type=_integer(1), default=256,
+        help="tokens kept per layer and KV head, choosing the shipped scorer (256 or 512)",
+    )  # fmt: skip
+    demo.add_argument("--image", default="kvpop_demo.png", help="PNG of what the caches hold")
     demo.add_argument("--no-image", action="store_true", help="do not draw the PNG")
     demo.set_defaults(run=_demo)
 

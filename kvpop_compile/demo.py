@@ -1,205 +1,245 @@
-"""``kvpop-compile demo``: the embedded Qwen3 continuing held-out code, full cache against KVpop.
+"""``kvpop-compile demo``: a long-range recall question that eviction decides.
 
-The model (shipped with the package, or any local Qwen3 with ``--model``) is prompted with the
-start of a held-out standard-library file and generates greedily twice: with transformers' full
-cache and with KVpop at 88% compression (the trained ``memory`` scorer shipped for the embedded
-model, or ``--scorer``/``--policy``). The report gives both caches' sizes as the context grows,
-how much of the KVpop continuation equals the full-cache one, and tokens per second; a PNG
-shows, per layer, which positions of the text the KVpop cache holds at the end.
+The embedded model (shipped with the package, or a byte-level Qwen3 given with ``--model``)
+answers held-out recall items (:mod:`kvpop_compile.embedded.recall`): a definition planted
+early in real code, and a question about it at the end of the context. Three caches answer the
+same items: full attention, KVpop with its trained ``memory`` scorer (or ``--scorer``), and a
+heuristic baseline (``--policy``, StreamingLLM's ``window`` by default) at the same budget.
+The report prints each one's exact-match accuracy over the items (measured here, on every item
+of the run), then one item side by side — the first on which full attention and KVpop answer
+right and the baseline does not — with the cache bytes, and a PNG of which positions each
+bounded cache holds when the question is answered, the definition marked.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from .config import KVpopConfig, require_int
-from .embedded import EMBEDDED_MODEL, decode, load_embedded_model
-from .evaluation.data import held_out_sequences
-from .evaluation.methods import BUDGETS, budget_config, scorer_folder
-from .evaluation.protocols import Continuation, first_difference, greedy_continuation
+from .embedded import EMBEDDED_MODEL, load_embedded_model
+from .embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
+from .evaluation.methods import BUDGETS, scorer_folder
+from .evaluation.recall import RECALL_SEED, answer_exactly, greedy_answers
+from .kv_cache import cache_bytes
 from .scorer_io import load_scorer, saved_config
 from .transform import transform
 
 DEFAULT_CAPACITY = BUDGETS["88%"]
-SIZE_CHECKPOINTS = 4  # cache sizes are reported at this many points of the generation
+DEFAULT_ITEMS = 8  # held-out items per task: 32 in all, about a minute on two CPU cores
+BATCH = 16  # items per forward
 
 
 @dataclass
-class Setup:
-    """What the demo runs: the model, its prompt, and the KVpop config and scorer to use."""
+class Contender:
+    """One cache answering the items: its label, the model and the KVpop config (None: full)."""
 
+    label: str
     model: nn.Module
-    prompt: torch.Tensor  # (1, P) token ids
-    source: str  # where the prompt comes from
-    config: KVpopConfig
-    scorer: Path | None  # trained scorer folder, None for a baseline policy
-    text: Callable[[torch.Tensor], str]  # ids (N,) -> text, for printing and the PNG
+    config: KVpopConfig | None
 
 
-def _load_tokenizer(folder: Path):
-    """The checkpoint's tokenizer if it has one, else None (a byte-level model)."""
-    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
+@dataclass
+class Example:
+    """The item shown side by side, with each contender's answer and cache."""
 
-    return AutoTokenizer.from_pretrained(folder)
+    item: RecallItem
+    index: int  # position in the run's item list
+    answers: dict[str, bytes]  # label -> greedy answer
+    cache_bytes: dict[str, int]  # label -> bytes its cache holds at the answer
+    caches: dict[str, object]  # label -> the cache itself (bounded ones are drawn)
+    chosen_because: str
+
+    @property
+    def definition(self) -> tuple[int, int]:
+        """Byte span ``[start, end)`` of the planted line that holds the answer (the answer's
+        value occurs nowhere else in the item)."""
+        at = self.item.prompt.find(self.item.answer)
+        start = self.item.prompt.rfind(b"\n", 0, at) + 1
+        end = self.item.prompt.find(b"\n", at)
+        return start, end if end >= 0 else len(self.item.prompt)
+
+
+@dataclass
+class DemoResult:
+    contenders: list[Contender]
+    items: list[RecallItem]
+    exact: dict[str, list[float]]  # label -> 1/0 per item
+    example: Example
+    image: Path | None
+
+    def accuracy(self, label: str, task: str | None = None) -> tuple[int, int]:
+        """Right answers and items, over one task or all."""
+        marks = [m for m, i in zip(self.exact[label], self.items, strict=True)
+                 if task is None or i.task == task]  # fmt: skip
+        return int(sum(marks)), len(marks)
+
+    def report(self) -> list[str]:
+        bounded = next(c.config for c in self.contenders if c.config is not None)
+        context = self.items[0].context_length
+        per_task = len(self.items) // len(TASKS)
+        lines = [
+            f"Held-out recall at {context} tokens: {per_task} items per task, code and names "
+            "never trained on. Bounded caches keep "
+            f"{bounded.sinks} sinks + {bounded.window} window + {bounded.topk} pool = "
+            f"{bounded.capacity} tokens per layer and KV head ({1 - bounded.capacity / context:.0%}"
+            " compression).",
+            "",
+            f"{'exact answers':<34}" + "".join(f"{t:>11}" for t in TASKS) + f"{'all':>14}",
+        ]
+        for c in self.contenders:
+            cells = "".join(f"{'{}/{}'.format(*self.accuracy(c.label, t)):>11}" for t in TASKS)
+            right, total = self.accuracy(c.label)
+            lines.append(f"{c.label:<34}{cells}{right:>7}/{total} {right / total:>4.0%}")
+        e, (start, end) = self.example, self.example.definition
+        definition = e.item.prompt[start:end].decode("utf-8", "replace").strip()
+        question = e.item.prompt[e.item.prompt.rfind(b"\n") + 1 :].decode("utf-8", "replace")
+        lines += [
+            "",
+            f"Item {e.index} ({e.item.task}; {e.chosen_because}): the line {definition!r} at "
+            f"byte {start}, the question at byte {len(e.item.prompt) - len(question)}:",
+            f"  ...{question!r} -> expected {e.item.answer.decode()!r}",
+        ]
+        for c in self.contenders:
+            answer = e.answers[c.label]
+            verdict = "right" if answer == e.item.answer else "wrong"
+            lines.append(
+                f"  {c.label:<32} {answer.decode('utf-8', 'replace')!r:>8} {verdict:<6}"
+                f" cache {e.cache_bytes[c.label]:>11,d} B"
+            )
+        if self.image is not None:
+            lines += ["", f"What each bounded cache holds at the answer, per layer: {self.image}"]
+        return lines
 
 
 def prepare(
     *,
     model_path: str | Path | None = None,
     scorer: str | Path | None = None,
-    policy: str | None = None,
+    policy: str = "window",
     capacity: int = DEFAULT_CAPACITY,
-    prompt_tokens: int = 1024,
-    tokens: int = 1024,
-) -> Setup:
-    """Load the model and choose the policy: ``scorer`` (a trained scorer folder) if given,
-    else ``policy`` at ``capacity`` (4 sinks, window 64), else the shipped ``memory`` scorer
-    (embedded model only)."""
-    if scorer is not None and policy is not None:
-        raise ValueError("give --scorer (a trained scorer) or --policy (a baseline), not both")
+) -> list[Contender]:
+    """Full attention, KVpop (``scorer``, or the shipped ``memory`` scorer at ``capacity``)
+    and the baseline ``policy`` at KVpop's budget (the same sinks, window and pool)."""
     folder = Path(model_path) if model_path is not None else EMBEDDED_MODEL
     model = load_embedded_model(path=folder)
-    limit = model.config.max_position_embeddings
-    if prompt_tokens + tokens > limit:
+    if model.config.vocab_size != 256:
         raise ValueError(
-            f"prompt_tokens + tokens = {prompt_tokens + tokens} exceeds the model's context of "
-            f"{limit} positions"
+            f"--model {folder}: the recall items are UTF-8 bytes, so the demo needs a byte-level "
+            f"model (vocab_size 256), got vocab_size {model.config.vocab_size}; measure your own "
+            "model on your own text with `kvpop-compile eval --model PATH --data PATH`"
         )
-    tokenizer = _load_tokenizer(folder)
-    if tokenizer is None and model.config.vocab_size != 256:
-        raise ValueError(
-            f"--model {folder}: no tokenizer files and vocab_size {model.config.vocab_size}; "
-            "the demo needs the checkpoint's tokenizer, or a byte-level model (vocab_size 256)"
-        )
-    sequence = held_out_sequences(1, length=prompt_tokens * 4)[0]  # bytes to spare for BPE
-    if tokenizer is None:
-        ids, text = sequence.ids[:prompt_tokens], decode
-    else:
-        encoded = tokenizer(decode(sequence.ids))["input_ids"]
-        ids, text = torch.tensor(encoded[:prompt_tokens]), tokenizer.decode
-    if ids.numel() < prompt_tokens:
-        raise ValueError(f"the held-out prompt has only {ids.numel()} tokens")
     if scorer is not None:
         config, scorer_path = saved_config(scorer), Path(scorer)
-    elif policy is not None:
-        config, scorer_path = budget_config(policy, capacity), None
-        if config.scorer.learned:
-            raise ValueError(
-                f"--policy {policy} is learned: pass its trained scorer with --scorer PATH"
-            )
     elif model_path is None:
-        config = budget_config("memory", capacity)
         scorer_path = scorer_folder("memory", capacity)
         if not scorer_path.is_dir():
             shipped = sorted(p.name for p in scorer_path.parent.glob("memory-*"))
             raise FileNotFoundError(
                 f"no shipped memory scorer for capacity {capacity} at {scorer_path} (shipped: "
-                f"{', '.join(shipped) or 'none'}); use --policy for a baseline at this capacity"
+                f"{', '.join(shipped) or 'none'}); pass --scorer PATH"
             )
+        config = saved_config(scorer_path)
     else:
         raise ValueError(
             "the shipped scorers were trained for the embedded model; with --model pass "
-            "--scorer PATH (trained with `kvpop-compile train`) or --policy window|h2o|tova|"
-            "knorm|random"
+            "--scorer PATH (trained with `kvpop-compile train`)"
         )
-    source = sequence.source.split("@")[0]
-    return Setup(model, ids[None], source, config, scorer_path, text)
+    baseline = dataclasses.replace(config, scorer=policy)
+    if baseline.scorer.learned:
+        raise ValueError(
+            f"--policy {policy} is learned; the baseline is a heuristic: window, random, knorm, "
+            "h2o or tova"
+        )
+    kvpop = transform(copy.deepcopy(model), config)
+    load_scorer(kvpop, scorer_path)
+    return [
+        Contender("full attention", model, None),
+        Contender(f"KVpop, trained {config.scorer.value} scorer", kvpop, config),
+        Contender(
+            f"{baseline.scorer.value} (heuristic)",
+            transform(copy.deepcopy(model), baseline),
+            baseline,
+        ),  # fmt: skip
+    ]
 
 
-@dataclass
-class DemoResult:
-    setup: Setup
-    full: Continuation
-    kvpop: Continuation
-    image: Path | None
-
-    @property
-    def agreement(self) -> float:
-        """Share of generated positions where KVpop's token equals the full cache's."""
-        return float((self.kvpop.tokens == self.full.tokens).float().mean())
-
-    @property
-    def first_difference(self) -> int:
-        return int(first_difference(self.kvpop.tokens, self.full.tokens)[0])
-
-    def report(self) -> list[str]:
-        s, c = self.setup, self.setup.config
-        generated = self.full.tokens.shape[1]
-        policy = f"trained {c.scorer.value} scorer" if s.scorer else f"{c.scorer.value} policy"
-        lines = [
-            f"Prompt: the first {s.prompt.shape[1]} tokens of {s.source} (held out: never "
-            f"trained on); {generated} tokens generated greedily.",
-            f"KVpop: {c.sinks} sinks + {c.window} window + {c.topk} pool = {c.capacity} tokens "
-            f"per layer and KV head, {policy}.",
-            "",
-            "KV cache bytes with N tokens in context:",
-        ]
-        for n, full_bytes in self.full.cache_bytes.items():
-            ratio = self.kvpop.cache_bytes[n] / full_bytes
-            lines.append(
-                f"  N={n:>6}: full {full_bytes:>12,d} B   KVpop {self.kvpop.cache_bytes[n]:>12,d} B"
-                f"  ({ratio:.0%})"
-            )
-        lines += [
-            "",
-            f"KVpop continuation: {self.agreement:.1%} of tokens equal to the full-cache one; "
-            f"identical for the first {self.first_difference} tokens.",
-            f"tokens/s (eager, batch 1): full cache {self.full.tokens_per_second:.0f}, "
-            f"KVpop {self.kvpop.tokens_per_second:.0f}",
-            "",
-            "Full cache continues:  " + _excerpt(s.text(self.full.tokens[0])),
-            "KVpop continues:       " + _excerpt(s.text(self.kvpop.tokens[0])),
-        ]
-        if self.image is not None:
-            lines += ["", f"What the KVpop cache holds at the end, per layer: {self.image}"]
-        return lines
+def _held_out_items(per_task: int, context: int) -> list[RecallItem]:
+    """``per_task`` items of each task, interleaved (item ``i`` of every task, then ``i + 1``)."""
+    groups = [recall_items("held_out", task, context, per_task, RECALL_SEED) for task in TASKS]
+    return [group[i] for i in range(per_task) for group in groups]
 
 
-def _excerpt(text: str, limit: int = 160) -> str:
-    return repr(text[:limit])
+def _measure(contenders: list[Contender], items: list[RecallItem], progress: bool):
+    """label -> 1/0 per item, in ``items``' order (answered in batches of one task)."""
+    exact = {c.label: [0.0] * len(items) for c in contenders}
+    by_task = {task: [i for i, item in enumerate(items) if item.task == task] for task in TASKS}
+    with tqdm(total=len(contenders) * len(items), desc="recall", unit="item",
+              disable=not progress) as bar:  # fmt: skip
+        for c in contenders:
+            bar.set_postfix_str(c.label)
+            for indices in by_task.values():
+                for start in range(0, len(indices), BATCH):
+                    batch = indices[start : start + BATCH]
+                    marks = answer_exactly(c.model, [items[i] for i in batch], "prefill")
+                    for i, mark in zip(batch, marks, strict=True):
+                        exact[c.label][i] = mark
+                    bar.update(len(batch))
+    return exact
+
+
+def _choose_example(contenders, items, exact) -> Example:
+    """The first item full attention and KVpop answer right and the baseline wrong (else the
+    closest thing to it, said so), answered again alone to keep each cache."""
+    full, kvpop, baseline = (exact[c.label] for c in contenders)
+    wanted = [
+        (lambda i: full[i] and kvpop[i] and not baseline[i],
+         "the first item where full attention and KVpop are right and the heuristic is not"),
+        (lambda i: kvpop[i] and not baseline[i],
+         "no item has full attention and KVpop right and the heuristic wrong; the first "
+         "where KVpop is right and the heuristic wrong"),
+        (lambda i: True, "no item separates KVpop from the heuristic; the first item"),
+    ]  # fmt: skip
+    index, because = next(
+        (i, because) for test, because in wanted for i in range(len(items)) if test(i)
+    )
+    item = items[index]
+    answers, sizes, caches = {}, {}, {}
+    for c in contenders:
+        tokens, cache = greedy_answers(c.model, [item], "prefill")
+        answers[c.label] = bytes(tokens[0].tolist())
+        sizes[c.label], caches[c.label] = cache_bytes(cache), cache
+    return Example(item, index, answers, sizes, caches, because)
 
 
 def run_demo(
     *,
-    tokens: int = 1024,
-    prompt_tokens: int = 1024,
+    items: int = DEFAULT_ITEMS,
+    context: int = CONTEXT_LENGTHS[-1],
     model_path: str | Path | None = None,
     scorer: str | Path | None = None,
-    policy: str | None = None,
+    policy: str = "window",
     capacity: int = DEFAULT_CAPACITY,
     image: str | Path | None = "kvpop_demo.png",
     progress: bool = True,
 ) -> DemoResult:
-    """Generate ``tokens`` tokens with the full cache and with KVpop; draw ``image`` if given."""
-    require_int("tokens", tokens, 2)
-    require_int("prompt_tokens", prompt_tokens, 1)
-    setup = prepare(
-        model_path=model_path, scorer=scorer, policy=policy, capacity=capacity,
-        prompt_tokens=prompt_tokens, tokens=tokens,
-    )  # fmt: skip
-    total = prompt_tokens + tokens
-    kvpop_model = transform(copy.deepcopy(setup.model), setup.config)
-    if setup.scorer is not None:
-        load_scorer(kvpop_model, setup.scorer)
-    step = max(1, tokens // SIZE_CHECKPOINTS)
-    # The last token is generated without a forward after it: the last size is at total - 1.
-    record_at = {prompt_tokens + k for k in range(step, tokens, step)} | {total - 1}
-    runs = {}
-    for name, model in (("full cache", setup.model), ("KVpop", kvpop_model)):
-        with tqdm(total=tokens, desc=name, unit="tok", disable=not progress) as bar:
-            runs[name] = greedy_continuation(
-                model, setup.prompt, tokens, record_at=record_at, on_step=bar.update
-            )
-    result = DemoResult(setup, runs["full cache"], runs["KVpop"], None)
+    """Measure the three caches on ``items`` held-out items per task at ``context`` tokens,
+    show one item side by side, and draw ``image`` if given."""
+    require_int("items", items, 1)
+    if context not in CONTEXT_LENGTHS:
+        raise ValueError(f"context must be one of {CONTEXT_LENGTHS}, got {context!r}")
+    contenders = prepare(model_path=model_path, scorer=scorer, policy=policy, capacity=capacity)
+    limit = contenders[0].model.config.max_position_embeddings
+    if context > limit:
+        raise ValueError(f"context {context} exceeds the model's {limit} positions")
+    chosen = _held_out_items(items, context)
+    exact = _measure(contenders, chosen, progress)
+    result = DemoResult(contenders, chosen, exact, _choose_example(contenders, chosen, exact), None)
     if image is not None:
         from .demo_plot import plot_kept_positions
 

@@ -4,44 +4,57 @@ import pytest
 
 from kvpop_compile.cli import main
 from kvpop_compile.demo import run_demo
+from kvpop_compile.embedded.recall import TASKS
 
 
-def test_demo_holds_the_cache_flat_and_draws_what_it_kept(tmp_path):
-    image = tmp_path / "kept.png"
-    result = run_demo(tokens=40, prompt_tokens=300, image=image, progress=False)
-    full, kvpop = result.full.cache_bytes, result.kvpop.cache_bytes
-    assert full.keys() == kvpop.keys() and len(full) >= 4
-    assert len(set(kvpop.values())) == 1  # the same size at every checkpoint
-    sizes = list(full.values())
-    assert sizes == sorted(sizes) and sizes[-1] > sizes[0]  # the full cache grows
-    assert result.setup.config.capacity == 256 and result.setup.scorer is not None
-    assert 0.0 <= result.agreement <= 1.0
-    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    image = tmp_path_factory.mktemp("demo") / "kept.png"
+    return run_demo(items=1, context=1024, image=image, progress=False)
+
+
+def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
+    labels = [c.label for c in result.contenders]
+    assert labels == ["full attention", "KVpop, trained memory scorer", "window (heuristic)"]
+    assert [i.task for i in result.items] == list(TASKS)
+    assert all(len(marks) == len(TASKS) for marks in result.exact.values())
+    example = result.example
+    # The example is answered again alone: its answers agree with the measured marks.
+    for label in labels:
+        right = example.answers[label] == example.item.answer
+        assert right == bool(result.exact[label][example.index])
+    full, kvpop, window = (result.exact[label] for label in labels)
+    separating = [i for i in range(len(TASKS)) if full[i] and kvpop[i] and not window[i]]
+    if separating:
+        assert example.index == separating[0]
+    # Bounded caches hold the same number of tokens whatever the context; full attention's
+    # holds the whole prompt.
+    sizes = example.cache_bytes
+    assert sizes["full attention"] > 3 * sizes[labels[1]]
+    start, end = example.definition
+    assert example.item.answer in example.item.prompt[start:end]
     report = "\n".join(result.report())
-    assert "4 sinks + 64 window + 188 pool = 256" in report and "trained memory scorer" in report
-
-
-def test_a_budget_that_holds_every_token_gives_the_full_cache_tokens():
-    result = run_demo(
-        tokens=30, prompt_tokens=100, policy="window", capacity=200, image=None, progress=False
-    )
-    assert result.agreement == 1.0 and result.first_difference == 30
+    assert "4 sinks + 64 window + 188 pool = 256 tokens" in report and "(75% compression)" in report
+    for label in labels:
+        right, total = result.accuracy(label)
+        assert f"{right:>7}/{total}" in report
+    assert result.image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit, match="2"):
-        main(["demo", "--tokens", "1"])  # refused as it is parsed
-    assert "argument --tokens: must be an integer >= 2, got '1'" in capsys.readouterr().err
+        main(["demo", "--items", "0"])  # refused as it is parsed
+    assert "argument --items: must be an integer >= 1, got '0'" in capsys.readouterr().err
+    assert main(["demo", "--context", "4096"]) == 2
+    assert "context must be one of (1024, 2048), got 4096" in capsys.readouterr().err
     assert main(["demo", "--policy", "lru"]) == 2
     assert "scorer must be one of" in capsys.readouterr().err
-    assert main(["demo", "--policy", "memory"]) == 2
-    assert "--policy memory is learned: pass its trained scorer" in capsys.readouterr().err
-    assert main(["demo", "--policy", "window", "--scorer", "x"]) == 2
-    assert "not both" in capsys.readouterr().err
+    assert main(["demo", "--policy", "mlp"]) == 2
+    assert "--policy mlp is learned; the baseline is a heuristic" in capsys.readouterr().err
+    assert main(["demo", "--capacity", "300"]) == 2
+    assert "no shipped memory scorer for capacity 300" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):
         main(["demo", "--model", "/nonexistent/model"])
     assert "'/nonexistent/model' is not a folder" in capsys.readouterr().err
-    assert main(["demo", "--tokens", "1500", "--prompt-tokens", "1024"]) == 2
-    assert "exceeds the model's context of 2048" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["no-such-command"])

@@ -73,18 +73,18 @@ def _greedy(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> torch.
 
 
 @torch.no_grad()
-def answer_exactly(
+def greedy_answers(
     model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
-) -> list[float]:
-    """1.0 per item whose greedy answer is exact, else 0.0. ``items`` share one length and
-    answer length (items of one length and task do)."""
+) -> tuple[torch.Tensor, object]:
+    """The greedy answers ``(B, answer length)`` to ``items`` under ``protocol``, and the cache
+    as it is after the last answer token was chosen. ``items`` share one length and answer
+    length (items of one length and task do)."""
     if protocol not in RECALL_PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(RECALL_PROTOCOLS)}; got {protocol!r}")
     lengths = {(len(i.prompt), len(i.answer)) for i in items}
     if len(lengths) != 1:
         raise ValueError(f"items must share prompt and answer lengths, got {sorted(lengths)}")
     prompts = torch.stack([encode(i.prompt) for i in items])
-    answers = torch.stack([encode(i.answer) for i in items])
     cache = model_cache(model)
     if protocol == "prefill":
         logits = _feed(model, prompts, cache)
@@ -97,7 +97,16 @@ def answer_exactly(
             generated = _greedy(model, logits, cache, stretch)
             _feed(model, generated[:, -1:], cache)  # the stretch's last token enters too
         logits = _feed(model, prompts[:, cut:], cache)
-    tokens = _greedy(model, logits, cache, answers.shape[1])
+    return _greedy(model, logits, cache, len(items[0].answer)), cache
+
+
+def answer_exactly(
+    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
+) -> list[float]:
+    """1.0 per item whose greedy answer is exact, else 0.0 (arguments as
+    :func:`greedy_answers`)."""
+    tokens, _ = greedy_answers(model, items, protocol, stretch)
+    answers = torch.stack([encode(i.answer) for i in items])
     return (tokens == answers).all(dim=1).double().tolist()
 
 
