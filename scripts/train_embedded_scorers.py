@@ -10,6 +10,11 @@ benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% co
 2048 tokens) or 256 (88%). Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
 ``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
 copied there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
+
+``--recall-fraction`` makes that share of the sequences long-range recall items of the training
+split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
+at the end attends to a definition far back, which is what a scorer must learn to keep. Every
+sequence is one 2048-byte window or one item, so packing never cuts an item.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E402
 from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
+from kvpop_compile.embedded.recall import TASKS, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
 from kvpop_compile.evaluation.methods import (  # noqa: E402
     BUDGETS,
@@ -51,24 +57,52 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--recall-fraction", type=float, default=0.0, help="share of sequences that are recall"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
     p.add_argument("--work", type=Path, default=Path("scorer-runs"), help="checkpoints")
     return p.parse_args(argv)
 
 
-def training_texts(sequences: int, seed: int) -> list[str]:
-    """Training-split files in a seeded order, enough bytes for ``sequences`` packed windows."""
+def _windows(data: bytes) -> list[str]:
+    """The whole ``SEQUENCE_LENGTH``-byte windows of ``data`` whose text encodes back to exactly
+    that many bytes (a window that cuts a multi-byte character does not), so that every text
+    packs into exactly one sequence."""
+    texts = []
+    for start in range(0, len(data) - SEQUENCE_LENGTH + 1, SEQUENCE_LENGTH):
+        text = data[start : start + SEQUENCE_LENGTH].decode("utf-8", errors="replace")
+        if len(text.encode()) == SEQUENCE_LENGTH:
+            texts.append(text)
+    return texts
+
+
+def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> list[str]:
+    """``sequences`` texts of one sequence each, in a seeded order: windows of training-split
+    files, and a ``recall_fraction`` share of training-split recall items (tasks in turn)."""
+    if not 0 <= recall_fraction < 1:
+        raise ValueError(f"--recall-fraction must be in [0, 1), got {recall_fraction}")
+    recall_count = round(sequences * recall_fraction)
     train, _ = split_files()
     order = list(train)
     random.Random(seed).shuffle(order)
-    texts, total = [], 0
+    texts: list[str] = []
     for name in order:
-        text = read_bytes(name).decode("utf-8", errors="replace")
-        texts.append(text)
-        total += len(text.encode())
-        if total >= (sequences + 1) * SEQUENCE_LENGTH:
+        if len(texts) >= sequences - recall_count:
             break
+        texts.extend(_windows(read_bytes(name)))
+    texts = texts[: sequences - recall_count]
+    per_task = -(-recall_count // len(TASKS))
+    items = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+    recall = []
+    for i in range(per_task):
+        for group in items:
+            text = (group[i].prompt + group[i].answer).decode("utf-8", errors="replace")
+            if len(text.encode()) == SEQUENCE_LENGTH:  # packs into exactly one sequence
+                recall.append(text)
+    texts += recall[:recall_count]
+    random.Random(seed + 1).shuffle(texts)
     return texts
 
 
@@ -89,7 +123,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     train_sequences = args.steps * args.batch_size
     total = train_sequences + args.eval_sequences
-    texts = training_texts(total, args.seed)
+    texts = training_texts(total, args.seed, args.recall_fraction)
     eval_fraction = args.eval_sequences / total
     for policy in args.policies:
         for capacity in args.capacities:
@@ -117,6 +151,7 @@ def main(argv=None) -> None:
                 "lr": args.lr,
                 "loss": "boundary",
                 "seed": args.seed,
+                "recall_fraction": args.recall_fraction,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
                 "held_out_ranking": report.evaluations,
                 "minutes_this_run": round(minutes, 2),
