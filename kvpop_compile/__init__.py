@@ -6,15 +6,14 @@ step whole. The policy reference lives in :mod:`kvpop_compile.runtime`; graph pa
 :mod:`kvpop_compile.passes`.
 """
 
-__version__ = "0.1.0"
-
-from .config import KVpopConfig, ScorerKind  # noqa: E402
-from .engines import EngineRunner, export, load  # noqa: E402
-from .generation import compile, decode_one_token, generate, new_cache, prefill  # noqa: E402
-from .kv_cache import KVpopCache  # noqa: E402
-from .scorer_io import load_scorer, save_scorer  # noqa: E402
-from .training import train_scorer  # noqa: E402
-from .transform import transform  # noqa: E402
+from ._version import __version__
+from .config import KVpopConfig, ScorerKind
+from .engines import EngineRunner, export, load
+from .generation import compile, decode_one_token, generate, new_cache, prefill
+from .kv_cache import KVpopCache
+from .scorer_io import load_scorer, save_scorer
+from .training import train_scorer
+from .transform import transform
 
 __all__ = [
     "EngineRunner",

@@ -2,11 +2,13 @@
 
 A file is written to a temporary name beside it and renamed over it; a folder is built beside
 its target and swapped in once complete, the old one removed only after the swap. An
-interrupted write leaves the previous file or folder as it was.
+interrupted write leaves the previous file or folder as it was. ``sha256`` hashes what was
+written, so that a reader can check it has the very bytes (saved scorers, engine folders).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -50,3 +52,12 @@ def replace_folder(path: Path, build: Callable[[Path], object]) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of the file at ``path``, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 
 
@@ -29,17 +29,19 @@ class ScorerKind(str, Enum):
 
 
 def require_int(name: str, value: object, minimum: int) -> None:
-    """Raise ``ValueError`` naming ``value`` unless it is an integer ``>= minimum`` (not a bool)."""
+    """Raise ``ValueError`` naming ``value`` unless it is an integer ``>= minimum``. A bool is
+    not an integer here: ``window=True`` is a mistake, not a window of 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    # bool is an int subclass; `window=True` is a mistake, not a window of 1.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+def require_number(name: str, value: object, *, positive: bool) -> None:
+    """Raise ``ValueError`` naming ``value`` unless it is a finite real number, ``> 0`` if
+    ``positive`` else ``>= 0`` (a bool is not a number here)."""
+    bound = "> 0" if positive else ">= 0"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -66,20 +68,17 @@ class KVpopConfig:
     prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
-        _check_int("sinks", self.sinks, 0)
-        _check_int("window", self.window, 1)
-        _check_int("topk", self.topk, 0)
-        _check_int("scorer_hidden", self.scorer_hidden, 1)
-        _check_int("memory_dim", self.memory_dim, 1)
-        _check_int("memory_value_dim", self.memory_value_dim, 1)
-        _check_int("seed", self.seed, 0)
-        _check_int("prefill_block", self.prefill_block, 1)
+        require_int("sinks", self.sinks, 0)
+        require_int("window", self.window, 1)
+        require_int("topk", self.topk, 0)
+        require_int("scorer_hidden", self.scorer_hidden, 1)
+        require_int("memory_dim", self.memory_dim, 1)
+        require_int("memory_value_dim", self.memory_value_dim, 1)
+        require_int("seed", self.seed, 0)
+        require_int("prefill_block", self.prefill_block, 1)
         if self.prefill_chunk is not None:
-            _check_int("prefill_chunk", self.prefill_chunk, 1)
-        if isinstance(self.lam, bool) or not isinstance(self.lam, (int, float)):
-            raise ValueError(f"lam must be a finite number >= 0, got {self.lam!r}")
-        if not math.isfinite(self.lam) or self.lam < 0:
-            raise ValueError(f"lam must be a finite number >= 0, got {self.lam}")
+            require_int("prefill_chunk", self.prefill_chunk, 1)
+        require_number("lam", self.lam, positive=False)
         try:
             kind = ScorerKind(self.scorer)
         except ValueError:
@@ -87,6 +86,11 @@ class KVpopConfig:
             raise ValueError(f"scorer must be one of {allowed}; got {self.scorer!r}") from None
         object.__setattr__(self, "scorer", kind)
         object.__setattr__(self, "lam", float(self.lam))
+
+    def to_dict(self) -> dict:
+        """The fields as plain JSON values (the scorer kind as its name), as saved scorers,
+        engine manifests and training checkpoints record them."""
+        return {**asdict(self), "scorer": self.scorer.value}
 
     @property
     def capacity(self) -> int:

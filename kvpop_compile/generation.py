@@ -20,10 +20,14 @@ from transformers.generation.logits_process import (
 )
 
 from .config import require_int
-from .engines.tensorrt import import_torch_tensorrt
 from .kv_cache import KVpopCache
+from .optional import import_torch_tensorrt
+from .transform import require_transformed
 
-DecodeStep = Callable[[torch.Tensor, torch.Tensor | None, KVpopCache], torch.Tensor]
+# ``step(token (B, 1), position (B, 1) or None, cache) -> logits (B, vocab)``: decode_one_token
+# bound to a model, eager or compiled. (The exported engines' counterpart, with the cache as
+# explicit inputs and outputs, is the module ``engines.steps.DecodeStep``.)
+DecodeFunction = Callable[[torch.Tensor, torch.Tensor | None, KVpopCache], torch.Tensor]
 BACKENDS = ("inductor", "tensorrt")
 # generate()'s default stop ids: the model's generation config's, as transformers' generate().
 USE_MODEL_DEFAULT = object()
@@ -32,17 +36,9 @@ USE_MODEL_DEFAULT = object()
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
-def _require_transformed(model: nn.Module) -> None:
-    if getattr(model, "kvpop_config", None) is None:
-        raise ValueError(
-            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) first"
-        )
-
-
 def new_cache(model: nn.Module) -> KVpopCache:
     """An empty :class:`KVpopCache` for a transformed model."""
-    _require_transformed(model)
-    return KVpopCache(model.config.num_hidden_layers, model.kvpop_config)
+    return KVpopCache(model.config.num_hidden_layers, require_transformed(model))
 
 
 def _check_ids(input_ids: torch.Tensor, name: str) -> None:
@@ -72,7 +68,7 @@ def prefill(
     ``attention_mask (B, N)`` (1 for a token, 0 for padding) takes a batch of prompts of
     different lengths, left-padded (as a tokenizer with ``padding_side="left"`` gives them):
     the padding is never cached and every row continues from its own length."""
-    _require_transformed(model)
+    require_transformed(model)
     _check_ids(input_ids, "input_ids")
     chunk = model.kvpop_config.chunk_length if chunk is None else chunk
     require_int("chunk", chunk, 1)
@@ -135,14 +131,14 @@ def _check_position(position: torch.Tensor, expected: torch.Tensor) -> None:
         )
 
 
-def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeStep:
+def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeFunction:
     """The transformed model's decode step, compiled whole (``fullgraph=True``).
 
     Returns ``step(token (B, 1), position (B, 1) or None, cache) -> logits (B, vocab)``; pass
     it to :func:`generate`. Every step reuses one graph: the cache is fixed-size and updated
     in place.
     """
-    _require_transformed(model)
+    require_transformed(model)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "tensorrt":
@@ -158,7 +154,7 @@ def generate(
     max_new_tokens: int,
     *,
     attention_mask: torch.Tensor | None = None,
-    step: DecodeStep | None = None,
+    step: DecodeFunction | None = None,
     cache: KVpopCache | None = None,
     eos_token_id: int | list[int] | None = USE_MODEL_DEFAULT,
     pad_token_id: int | None = None,
@@ -183,7 +179,7 @@ def generate(
     :func:`prefill`): every row gets the tokens it gets alone. ``step`` is the decode step
     (``compile(model)``'s, or eager by default). A ``cache`` that already holds a sequence is
     continued: ``input_ids`` are the tokens that follow it."""
-    _require_transformed(model)
+    require_transformed(model)
     require_int("max_new_tokens", max_new_tokens, 1)
     eos = _eos_ids(model, eos_token_id)
     pad = _pad_id(model, pad_token_id, eos)

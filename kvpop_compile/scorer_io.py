@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -20,10 +19,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import __version__
-from .atomic import atomic_write
+from ._version import __version__
+from .atomic import atomic_write, sha256
 from .config import KVpopConfig
-from .engines.manifest import sha256
+from .transform import require_transformed
 
 FORMAT = "kvpop-scorer"
 # Version 2 records the tensors file's SHA-256 (``tensors_sha256``); version 1 did not.
@@ -41,10 +40,7 @@ def _folder(path: object) -> Path:
 
 
 def _attentions(model: nn.Module):
-    if getattr(model, "kvpop_config", None) is None:
-        raise ValueError(
-            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) first"
-        )
+    require_transformed(model)
     return [layer.self_attn for layer in model.model.layers]
 
 
@@ -57,7 +53,7 @@ def describe(config: KVpopConfig, *, num_layers: int, num_kv_heads: int, head_di
         "num_layers": num_layers,
         "num_kv_heads": num_kv_heads,
         "head_dim": head_dim,
-        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+        "kvpop_config": config.to_dict(),
     }
 
 

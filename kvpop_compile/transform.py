@@ -32,7 +32,10 @@ def _is_compiled(model: nn.Module) -> bool:
     )
 
 
-def _check_model(model: nn.Module, config: KVpopConfig) -> None:
+def check_transformable(model: nn.Module, config: KVpopConfig) -> None:
+    """Raise unless ``transform(model, config)`` can run: ``config`` is a KVpopConfig and
+    ``model`` an uncompiled, untransformed Qwen3 / Qwen3-MoE causal LM without sliding-window
+    attention, whose positions cover the capacity. Scorer training asks the same of its model."""
     if not isinstance(config, KVpopConfig):
         raise TypeError(f"config must be a KVpopConfig, got {type(config).__name__}")
     if _is_compiled(model):
@@ -72,6 +75,17 @@ def _check_model(model: nn.Module, config: KVpopConfig) -> None:
             f"capacity {config.capacity} (sinks + window + topk) exceeds the model's "
             f"max_position_embeddings {hf_config.max_position_embeddings}; lower topk or window"
         )
+
+
+def require_transformed(model: nn.Module, when: str = "first") -> KVpopConfig:
+    """The ``KVpopConfig`` ``model`` was transformed with; a ``ValueError`` saying to call
+    :func:`transform` (``when``: "first", "before exporting it") if it was not."""
+    config = getattr(model, "kvpop_config", None)
+    if config is None:
+        raise ValueError(
+            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) {when}"
+        )
+    return config
 
 
 class BoundedCacheHook:
@@ -171,7 +185,7 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
     ``model.model.layers[i].self_attn.scorer``.
     """
     config = KVpopConfig() if config is None else config
-    _check_model(model, config)
+    check_transformable(model, config)
     hf_config = model.config
     for layer in model.model.layers:
         attention = layer.self_attn

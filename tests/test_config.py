@@ -20,20 +20,20 @@ def test_scorer_given_as_string_becomes_enum():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"window": 0}, "window must be >= 1, got 0"),
-        ({"sinks": -1}, "sinks must be >= 0, got -1"),
-        ({"topk": -3}, "topk must be >= 0, got -3"),
+        ({"window": 0}, "window must be an integer >= 1, got 0"),
+        ({"sinks": -1}, "sinks must be an integer >= 0, got -1"),
+        ({"topk": -3}, "topk must be an integer >= 0, got -3"),
         ({"window": 2.5}, "window must be an integer >= 1, got 2.5"),
         ({"window": True}, "window must be an integer >= 1, got True"),
         ({"lam": -0.1}, "lam must be a finite number >= 0, got -0.1"),
         ({"lam": math.inf}, "lam must be a finite number >= 0, got inf"),
         ({"lam": "0.1"}, "lam must be a finite number >= 0, got '0.1'"),
         ({"scorer": "lru"}, "scorer must be one of memory, mlp, window, random, knorm, h2o, tova"),
-        ({"scorer_hidden": 0}, "scorer_hidden must be >= 1, got 0"),
-        ({"memory_dim": 0}, "memory_dim must be >= 1, got 0"),
-        ({"memory_value_dim": 0}, "memory_value_dim must be >= 1, got 0"),
-        ({"seed": -1}, "seed must be >= 0, got -1"),
-        ({"prefill_block": 0}, "prefill_block must be >= 1, got 0"),
+        ({"scorer_hidden": 0}, "scorer_hidden must be an integer >= 1, got 0"),
+        ({"memory_dim": 0}, "memory_dim must be an integer >= 1, got 0"),
+        ({"memory_value_dim": 0}, "memory_value_dim must be an integer >= 1, got 0"),
+        ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+        ({"prefill_block": 0}, "prefill_block must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_values_raise_value_error_naming_them(kwargs, message):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from torch import nn
 
 from ..config import KVpopConfig, require_int
 from ..kv_cache import KVpopCache
+from ..transform import require_transformed
 from . import aoti, onnx_engine, tensorrt
 from .manifest import read_manifest, write_engine_folder
 from .runner import EngineRunner
@@ -74,12 +74,7 @@ def export(
     _check_format(format)
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    config: KVpopConfig | None = getattr(model, "kvpop_config", None)
-    if config is None:
-        raise ValueError(
-            f"{type(model).__name__} is not transformed: call kvpop_compile.transform(model) "
-            "before exporting it"
-        )
+    config = require_transformed(model, "before exporting it")
     require_int("batch", batch, 1)
     if prefill_length is not None:
         require_int("prefill_length (or None)", prefill_length, 2)
@@ -110,7 +105,7 @@ def export(
         "prefill_length": prefill_length,
         "model": _model_description(model),
         "weights_sha256": weights_sha256(model),
-        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+        "kvpop_config": config.to_dict(),
         "state": [
             {"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)}
             for n, t in zip(names, state, strict=True)
@@ -144,7 +139,7 @@ def load(
     format = manifest.get("format")
     _check_format(format)
     if config is not None:
-        expected = {**asdict(config), "scorer": config.scorer.value}
+        expected = config.to_dict()
         for key, value in expected.items():
             if manifest["kvpop_config"].get(key) != value:
                 raise ValueError(

@@ -15,20 +15,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import __version__
-from ..atomic import replace_folder
+from .._version import __version__
+from ..atomic import replace_folder, sha256
 
 MANIFEST = "manifest.json"
 # Version 2 adds the manifest's own hash and the weights' hash.
 MANIFEST_VERSION = 2
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def manifest_sha256(manifest: dict) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..optional import import_extra
+
 OPSET = 18  # run by current onnxruntime and parsed by TensorRT 8.6 and later
 
 # Operators of TensorRT's ONNX parser (onnx-tensorrt "operators.md") that exported KVpop steps
@@ -26,14 +28,12 @@ TENSORRT_ONNX_OPS = frozenset(
 
 
 def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError as error:
-        raise ImportError(
-            "the onnx format needs onnx, onnxscript and onnxruntime: "
-            "pip install 'kvpop_compile[onnx]'"
-        ) from error
-    return onnxruntime
+    return import_extra(
+        "onnxruntime",
+        purpose="the onnx format",
+        needs="onnx, onnxscript and onnxruntime",
+        extra="onnx",
+    )
 
 
 def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:

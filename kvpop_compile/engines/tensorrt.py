@@ -10,19 +10,7 @@ from pathlib import Path
 
 import torch
 
-
-def import_torch_tensorrt(purpose: str = "the tensorrt format"):
-    """torch_tensorrt, imported only when asked for; a clear ImportError without it or a GPU."""
-    try:
-        import torch_tensorrt
-    except ImportError as error:
-        raise ImportError(
-            f"{purpose} needs torch-tensorrt, TensorRT and a CUDA GPU: "
-            "pip install 'kvpop_compile[tensorrt]' on a machine with one"
-        ) from error
-    if not torch.cuda.is_available():
-        raise ImportError(f"{purpose} needs a CUDA GPU; none is available")
-    return torch_tensorrt
+from ..optional import import_torch_tensorrt
 
 
 def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:

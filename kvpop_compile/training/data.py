@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ..optional import import_extra
+
 Tokenizer = Callable[[str], Sequence[int]]
 TEXT_SUFFIXES = (".txt", ".py")
 
@@ -64,12 +66,7 @@ def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
 def read_arrow(files: Sequence[Path]) -> list[str]:
     """The ``text`` column of Arrow IPC files, in order (stream format, as Hugging Face
     ``datasets`` writes, or file format). Needs ``pyarrow`` (the ``arrow`` extra)."""
-    try:
-        import pyarrow as pa
-    except ImportError:
-        raise ImportError(
-            "reading an Arrow dataset needs pyarrow: pip install 'kvpop_compile[arrow]'"
-        ) from None
+    pa = import_extra("pyarrow", purpose="reading an Arrow dataset", needs="pyarrow", extra="arrow")
     texts: list[str] = []
     for file in files:
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from ..atomic import atomic_write
 from ..config import KVpopConfig, require_int
 from ..runtime.scorer_loss import LossKind
 from ..scorer_io import describe, save_scorers
-from ..transform import _check_model
+from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
@@ -173,7 +173,7 @@ def train_scorer(
     processes run; its weights are written into ``model`` at the end (save it with
     ``save_pretrained`` afterwards).
     """
-    _check_model(model, config)
+    check_transformable(model, config)
     loss = LossKind(loss)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
@@ -189,7 +189,7 @@ def train_scorer(
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     settings = {
-        "kvpop_config": {**asdict(config), "scorer": config.scorer.value},
+        "kvpop_config": config.to_dict(),
         "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "loss": loss.value, "tau": tau,
         "seed": seed, "train_sequences": len(train), "mode": mode,
         "trainable": None if trainable is None else list(trainable),
