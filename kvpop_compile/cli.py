@@ -70,6 +70,16 @@ def _checkpoint(text: str) -> str:
     return text
 
 
+def _eval_data(text: str) -> str:
+    """argparse type: ``eval --data``, an existing file or folder."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} does not exist; give a text file, a folder of text files or a .jsonl of "
+            "prompt/answer records"
+        )
+    return text
+
+
 def _contexts(text: str) -> tuple[int, ...]:
     """argparse type: prompt lengths such as ``8k,32k`` (k = 1024 tokens)."""
     from .evaluation.long_context import parse_contexts
@@ -123,7 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from .evaluation import EvalSettings, evaluate, write_report
+    from .evaluation import write_report
 
     out = Path(args.out)
     if args.report_only:
@@ -133,46 +143,124 @@ def _eval(args: argparse.Namespace) -> int:
                 f"{saved} not found: run kvpop-compile eval without --report-only first"
             )
         result = write_report(json.loads(saved.read_text()), out, plots=not args.no_plots)
-    else:
+        print(result["document"])
+        print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+        return 0
+    if args.recall and args.data is not None:
+        raise ValueError(
+            f"--recall asks the built-in recall items, --data {args.data} gives your own: drop "
+            "--recall, and give your questions as a .jsonl of prompt/answer records"
+        )
+    from .evaluation.methods import methods, runnable_policies
+
+    # Trained scorers are at hand for the embedded model (shipped) or with --scorers.
+    policies, notes = runnable_policies(
+        None if args.policies is None else tuple(args.policies),
+        scorers=args.model is None or args.scorers is not None,
+    )
+    if not args.recall:  # the recall items have lengths of their own
+        methods(policies, args.budgets, args.length)  # a length too short, before the model loads
+    if args.model is None:
         from .embedded import load_embedded_model
 
-        model = load_embedded_model(path=args.model)
-        if model.config.vocab_size != 256:
-            raise ValueError(
-                f"--model {args.model}: the benchmark's sequences are UTF-8 bytes, so it needs a "
-                f"byte-level model (vocab_size 256), got vocab_size {model.config.vocab_size}"
-            )
-        name = args.model or "the embedded model"
-        if args.recall:
-            return _eval_recall(args, model, name, out)
-        settings = EvalSettings(
-            batch=args.batch, protocols=tuple(args.protocols), prompt_length=args.prompt_length,
-            threads=args.threads,
-        )  # fmt: skip
-        result = evaluate(
-            model, out, sequences=args.sequences, policies=args.policies, budgets=args.budgets,
-            settings=settings, scorer_root=args.scorers, model_name=name, plots=not args.no_plots,
-        )  # fmt: skip
+        model, name = load_embedded_model(), "the embedded model"
+    else:
+        from .evaluation.own_data import load_checkpoint
+
+        model, name = load_checkpoint(args.model), args.model
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.data is not None:
+        return _eval_own_data(args, model, name, out, policies, notes)
+    if model.config.vocab_size != 256:
+        raise ValueError(
+            f"--model {args.model}: the held-out sequences are UTF-8 bytes, so they need a "
+            f"byte-level model (vocab_size 256), got vocab_size {model.config.vocab_size}; give "
+            "--data with text of your own to read it with the model's tokenizer"
+        )
+    if args.recall:
+        return _eval_recall(args, model, name, out, policies, notes)
+    from .evaluation import held_out_sequences
+
+    data = held_out_sequences(args.sequences, length=args.length)
+    return _eval_sequences(
+        args, model, name, out, data, policies, {"run_notes": notes} if notes else {}
+    )
+
+
+def _eval_sequences(
+    args: argparse.Namespace, model, name: str, out: Path, data: list, policies, about: dict
+) -> int:
+    """The quality benchmark on the sequences ``data``; ``about`` joins the report."""
+    from .evaluation import EvalSettings, evaluate_sequences
+    from .evaluation.data import default_prompt_length
+
+    length = data[0].ids.numel() - 1
+    prompt_length = args.prompt_length or default_prompt_length(length)
+    settings = EvalSettings(
+        batch=args.batch, protocols=tuple(args.protocols), prompt_length=prompt_length,
+        threads=args.threads,
+    )  # fmt: skip
+    result = evaluate_sequences(
+        model, out, data, policies=policies, budgets=args.budgets, settings=settings,
+        scorer_root=args.scorers, model_name=name, about=about,
+        plots=not args.no_plots,
+    )  # fmt: skip
     print(result["document"])
     print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
     return 0
 
 
-def _eval_recall(args: argparse.Namespace, model, name: str, out: Path) -> int:
-    import torch
+def _eval_own_data(
+    args: argparse.Namespace, model, name: str, out: Path, policies, notes: list[str]
+) -> int:
+    """``--data``: text through the quality benchmark, a .jsonl through exact-match answers."""
+    from .evaluation.methods import methods
+    from .evaluation.own_data import UTF8_BYTES, is_answers, model_tokenizer, text_sequences
 
+    vocab_size = model.config.vocab_size
+    if args.model is not None:
+        tokenizer = model_tokenizer(args.model, vocab_size)
+    else:
+        tokenizer = UTF8_BYTES  # the embedded model is byte-level and has no tokenizer files
+    if is_answers(args.data):
+        from .evaluation.answers import evaluate_answers
+        from .evaluation.own_data import answer_items
+
+        items = answer_items(args.data, tokenizer, model.config.max_position_embeddings)
+        result = evaluate_answers(
+            model, out, items, methods=methods(policies, args.budgets, args.length),
+            batch=args.batch, scorer_root=args.scorers, model_name=name,
+            data=f"`{args.data}`", tokenizer=None if tokenizer.byte_tokens else tokenizer.name,
+            notes=notes,
+        )  # fmt: skip
+        print(result["document"])
+        print(f"wrote {out / 'answers.md'} and {out / 'answers.json'}")
+        return 0
+    text = text_sequences(args.data, tokenizer, args.length, args.sequences)
+    about = {
+        "data": text.description,
+        "tokenizer": None if tokenizer.byte_tokens else tokenizer.name,
+        "run_notes": [*notes, *text.notes],
+    }
+    return _eval_sequences(args, model, name, out, text.sequences, policies, about)
+
+
+def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies, notes) -> int:
     from .evaluation.methods import methods
     from .evaluation.recall import RecallSettings
     from .evaluation.recall_report import evaluate_recall
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = RecallSettings(items=args.recall_items, batch=args.batch)
     result = evaluate_recall(
-        model, out, methods=methods(args.policies, args.budgets), settings=settings,
+        model, out, methods=methods(policies, args.budgets), settings=settings,
         scorer_root=args.scorers, model_name=name,
     )  # fmt: skip
     print(result["document"])
+    for note in notes:
+        print(note)
     print(f"wrote {out / 'recall.md'} and {out / 'recall.json'}")
     return 0
 
@@ -302,24 +390,39 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator = commands.add_parser(
         "eval", help="quality benchmark: every policy against full attention on held-out text"
     )
-    from .evaluation import BUDGETS, POLICIES, PROMPT_LENGTH, PROTOCOLS
+    from .evaluation import BUDGETS, POLICIES, PROTOCOLS, SEQUENCE_LENGTH
 
     evaluator.add_argument(
-        "--sequences", type=_integer(1), default=64, help="held-out sequences (64)"
+        "--data", type=_eval_data,
+        help="your own text instead of the held-out files: a text file, a folder of text files "
+        "(recursive; binary files skipped), or a .jsonl of {\"prompt\", \"answer\"} records "
+        "for exact-match answers",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--sequences", type=_integer(1), default=64, help="sequences, at most (64)"
     )
-    evaluator.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    evaluator.add_argument(
+        "--length", type=_integer(2), default=SEQUENCE_LENGTH,
+        help=f"tokens per sequence; the budgets keep 1/4 and 1/8 of it ({SEQUENCE_LENGTH})",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--policies", nargs="+", choices=POLICIES,
+        help="default: all; with --model and no --scorers, the heuristic ones",
+    )  # fmt: skip
     evaluator.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=list(BUDGETS))
     evaluator.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     evaluator.add_argument(
-        "--prompt-length", type=_integer(1), default=PROMPT_LENGTH,
-        help=f"prompt of the continuation and compression protocols ({PROMPT_LENGTH})",
+        "--prompt-length", type=_integer(1),
+        help="prompt of the continuation and compression protocols (3/4 of --length: 1536)",
     )  # fmt: skip
     evaluator.add_argument(
         "--batch", type=_integer(1), default=16, help="sequences per forward (16)"
     )
     evaluator.add_argument(
-        "--model", type=_checkpoint, help="byte-level Qwen3 folder (default: the embedded one)"
-    )
+        "--model", type=_checkpoint,
+        help="local Qwen3 checkpoint folder, read with its own tokenizer (or as UTF-8 bytes if "
+        "it is byte-level and has none); default: the embedded model",
+    )  # fmt: skip
     evaluator.add_argument("--scorers", help="trained scorers, <policy>-<capacity>/ folders")
     evaluator.add_argument("--out", default="benchmarks/results", help="results folder")
     evaluator.add_argument("--threads", type=_integer(1), help="torch threads (default: torch's)")

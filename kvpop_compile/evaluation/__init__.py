@@ -2,8 +2,9 @@
 
 :func:`evaluate` runs full attention and every policy at 75% and 88% compression over held-out
 standard-library sequences, and writes ``quality.json`` (per-sequence sums), ``quality.md``
-(tables with 95% intervals, targets) and PNG plots. See :mod:`.benchmark` for what is measured
-and :mod:`.report` for how it is summarised.
+(tables with 95% intervals, targets) and PNG plots; :func:`evaluate_sequences` does the same
+on any sequences, such as a user's own text (:mod:`.own_data`). See :mod:`.benchmark` for what
+is measured and :mod:`.report` for how it is summarised.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from .benchmark import PROTOCOLS, EvalSettings, run_eval
-from .data import PROMPT_LENGTH, SEQUENCE_LENGTH, held_out_sequences
+from .data import PROMPT_LENGTH, SEQUENCE_LENGTH, Sequence, held_out_sequences
 from .long_range import long_range_targets
-from .methods import BUDGETS, POLICIES, methods
+from .methods import BUDGETS, POLICIES, capacities, methods
 from .report import markdown_tables, summarize, summarize_kvpress
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "SEQUENCE_LENGTH",
     "EvalSettings",
     "evaluate",
+    "evaluate_sequences",
     "held_out_sequences",
     "long_range_targets",
     "methods",
@@ -35,8 +37,8 @@ __all__ = [
 
 KVPRESS_RESULTS = "kvpress.json"
 RESULT_KEYS = (
-    "model", "sequences", "length", "prompt_length", "long_range_window", "protocols",
-    "methods", "seconds", "versions",
+    "model", "data", "tokenizer", "run_notes", "sequences", "length", "prompt_length",
+    "long_range_window", "protocols", "methods", "seconds", "versions",
 )  # fmt: skip
 
 
@@ -109,11 +111,39 @@ def evaluate(
     prompt-compression table. Returns the results dict (as in ``quality.json``).
     """
     data = held_out_sequences(sequences, length=sequence_length)
+    return evaluate_sequences(
+        original, out_dir, data, policies=policies, budgets=budgets, settings=settings,
+        scorer_root=scorer_root, model_name=model_name, plots=plots, progress=progress,
+    )  # fmt: skip
+
+
+def evaluate_sequences(
+    original,
+    out_dir: str | Path,
+    data: list[Sequence],
+    *,
+    policies=POLICIES,
+    budgets=tuple(BUDGETS),
+    settings: EvalSettings | None = None,
+    scorer_root: str | Path | None = None,
+    model_name: str = "the embedded model",
+    about: dict | None = None,
+    plots: bool = True,
+    progress: bool = True,
+) -> dict:
+    """:func:`evaluate` on the sequences ``data`` (each of ``length + 1`` tokens; budgets
+    scale with ``length``). ``about`` describes data other than the held-out files, for the
+    report: ``data`` (what was read), ``tokenizer`` (the tokenizer that made the ids, None for
+    UTF-8 bytes) and ``run_notes`` (a list of lines)."""
+    if not data:
+        raise ValueError("no sequences to evaluate")
+    length = data[0].ids.numel() - 1
     results = run_eval(
-        original, data, methods(policies, budgets), settings=settings,
+        original, data, methods(policies, budgets, length), settings=settings,
         scorer_root=scorer_root, progress=progress,
     )  # fmt: skip
     results["model"] = model_name
+    results.update(about or {})
     return write_report(results, out_dir, plots=plots)
 
 
@@ -151,19 +181,38 @@ def write_report(results: dict, out_dir: str | Path, *, plots: bool = True) -> d
 
 def _document(results: dict, summary: dict, kvpress: dict, notes: list[str]) -> str:
     n = len(results["sequences"])
-    budgets = ", ".join(f"{b} ({c} tokens kept)" for b, c in BUDGETS.items())
+    window = results["long_range_window"]
+    run = {r["budget"] for r in results["methods"].values()}
+    kept = capacities(results["length"])
+    budgets = ", ".join(f"{b} ({c} tokens kept)" for b, c in kept.items() if b in run)
+    tokenizer = results.get("tokenizer")  # None: the ids are UTF-8 bytes
+    if "data" in results:
+        ids = "as UTF-8 bytes" if tokenizer is None else f"with {tokenizer}"
+        what = f"{n} sequences of {results['length']} tokens from {results['data']}, read {ids}"
+    else:
+        what = (
+            f"{n} held-out sequences of {results['length']} tokens (standard-library files "
+            "never trained on)"
+        )
+    if tokenizer is None:
+        long_range = (
+            "Long-range targets are the bytes that complete an identifier last seen more than "
+            f"{window} tokens earlier."
+        )
+    else:
+        long_range = (
+            "Long-range targets (identifiers completed byte by byte) are found in byte tokens "
+            "only: this tokenizer's run has no long-range figures."
+        )
     lines = [
         "# Quality benchmark",
         "",
-        f"`kvpop-compile eval` on {results['model']}: {n} held-out sequences of "
-        f"{results['length']} tokens (standard-library files never trained on), budgets "
-        f"{budgets} per layer and KV head with 4 sinks and a window of "
-        f"{results['long_range_window']} inside them. Figures are pooled over sequences, "
-        "with 95% bootstrap intervals over sequences in brackets; retention is the method's "
-        "top-1 accuracy as a percentage of full attention's on the same targets. Long-range "
-        "targets are the bytes that complete an identifier last seen more than "
-        f"{results['long_range_window']} tokens earlier. Continuation: {results['length'] - results['prompt_length']} "  # noqa: E501
-        f"greedy tokens after a {results['prompt_length']}-token prompt, compared position by "
+        f"`kvpop-compile eval` on {results['model']}: {what}, budgets {budgets} per layer and "
+        f"KV head with 4 sinks and a window of {window} inside them. Figures are pooled over "
+        "sequences, with 95% bootstrap intervals over sequences in brackets; retention is the "
+        "method's top-1 accuracy as a percentage of full attention's on the same targets. "
+        f"{long_range} Continuation: {results['length'] - results['prompt_length']} greedy "
+        f"tokens after a {results['prompt_length']}-token prompt, compared position by "
         "position with full attention's.",
         "",
         markdown_tables(results, summary, kvpress),
@@ -171,6 +220,7 @@ def _document(results: dict, summary: dict, kvpress: dict, notes: list[str]) -> 
     targets = _targets(summary, kvpress)
     if targets:
         lines += ["## Targets", "", *targets, ""]
+    notes = [*results.get("run_notes", []), *notes]
     if notes:
         lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
     v = results["versions"]

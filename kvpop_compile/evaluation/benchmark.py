@@ -4,10 +4,13 @@ For each method (:mod:`.methods`) and each sequence this records, as sums so tha
 sequences can be pooled (and bootstrapped) exactly:
 
 - ``teacher_forced``: correct predictions, NLL and their count over all targets, and the same
-  over the long-range targets (:mod:`.long_range`);
+  over the long-range targets (:mod:`.long_range`; byte tokens only);
 - ``continuation``: greedy tokens after the prompt that equal full attention's, and where the
   first difference falls (the continuation's length if none);
 - ``compression``: the prompt-compression protocol's correct/NLL sums, all and long-range.
+
+Long-range targets are identifiers found in bytes: sequences of a tokenizer's ids (not
+``byte_tokens``) have none, and their records carry no ``lr_*`` sums.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .. import __version__
 from ..config import require_int
 from .data import PROMPT_LENGTH, Sequence
 from .long_range import long_range_targets
-from .methods import WINDOW, Method, build_model
+from .methods import WINDOW, Method, build_model, check_scorers
 from .protocols import (
     Scores,
     compressed_prompt,
@@ -59,23 +62,36 @@ class EvalSettings:
             )
 
 
-def _sums(scores: Scores, long_range: torch.Tensor) -> dict[str, list[float]]:
-    """Per-sequence sums over all targets and over the long-range ones ((B, T) mask)."""
+def _sums(scores: Scores, long_range: torch.Tensor | None) -> dict[str, list[float]]:
+    """Per-sequence sums over all targets and over the long-range ones ((B, T) mask, or None
+    where they are not known)."""
     correct, nll = scores.correct.double(), scores.nll.double()
-    lr = long_range.double()
-    return {
+    sums = {
         "correct": correct.sum(1).tolist(),
         "nll": nll.sum(1).tolist(),
         "count": [float(correct.shape[1])] * correct.shape[0],
-        "lr_correct": (correct * lr).sum(1).tolist(),
-        "lr_nll": (nll * lr).sum(1).tolist(),
-        "lr_count": lr.sum(1).tolist(),
     }
+    if long_range is not None:
+        lr = long_range.double()
+        sums["lr_correct"] = (correct * lr).sum(1).tolist()
+        sums["lr_nll"] = (nll * lr).sum(1).tolist()
+        sums["lr_count"] = lr.sum(1).tolist()
+    return sums
 
 
 def _extend(into: dict, part: dict) -> None:
     for key, values in part.items():
         into.setdefault(key, []).extend(values)
+
+
+def versions() -> dict[str, str]:
+    """The versions a run's results depend on, for its report."""
+    return {
+        "kvpop_compile": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def run_eval(
@@ -87,7 +103,12 @@ def run_eval(
     scorer_root: str | Path | None = None,
     progress: bool = True,
 ) -> dict:
-    """Run ``methods`` (the first must be full attention) over ``sequences``; a JSON-ready dict."""
+    """Run ``methods`` (the first must be full attention) over ``sequences``; a JSON-ready dict.
+
+    Every sequence holds ``length + 1`` tokens, and ``length`` must be within the model's
+    ``max_position_embeddings``; a learned method's missing scorer is refused before anything
+    runs.
+    """
     settings = settings or EvalSettings()
     unknown = set(settings.protocols) - set(PROTOCOLS)
     if unknown:
@@ -100,12 +121,21 @@ def run_eval(
     if len(lengths) != 1:
         raise ValueError(f"sequences must have one length, got {sorted(lengths)}")
     length = lengths.pop() - 1
+    positions = original.config.max_position_embeddings
+    if length > positions:
+        raise ValueError(
+            f"sequences of {length} tokens exceed the model's max_position_embeddings "
+            f"{positions}; use a length of at most {positions}"
+        )
     if not 0 < settings.prompt_length < length - 1:
         raise ValueError(f"prompt_length must be in 1..{length - 2}, got {settings.prompt_length}")
+    check_scorers(methods, scorer_root)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     ids = torch.stack([s.ids for s in sequences])  # (S, L + 1)
-    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
+    long_range = None  # (S, L) targets that recall an identifier, where ids are bytes
+    if all(s.byte_tokens for s in sequences):
+        long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
     batches = [slice(i, i + settings.batch) for i in range(0, len(sequences), settings.batch)]
     steps = length - settings.prompt_length
     # The last token is generated without a forward after it: the last size is at length - 1.
@@ -125,10 +155,12 @@ def run_eval(
             memory: dict[int, int] = {}
             for rows in batches:
                 if protocol == "teacher_forced":
-                    _extend(sums, _sums(teacher_forced(model, ids[rows]), long_range[rows]))
+                    lr = None if long_range is None else long_range[rows]
+                    _extend(sums, _sums(teacher_forced(model, ids[rows]), lr))
                 elif protocol == "compression":
                     scores = compressed_prompt(original, model, ids[rows], settings.prompt_length)
-                    _extend(sums, _sums(scores, long_range[rows, settings.prompt_length :]))
+                    lr = None if long_range is None else long_range[rows, settings.prompt_length :]
+                    _extend(sums, _sums(scores, lr))
                 else:
                     run = greedy_continuation(
                         model, ids[rows, : settings.prompt_length], steps, record_at=record_at
@@ -159,10 +191,5 @@ def run_eval(
         "protocols": list(settings.protocols),
         "methods": results,
         "seconds": time.perf_counter() - started,
-        "versions": {
-            "kvpop_compile": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions(),
     }

@@ -1,5 +1,7 @@
 """The quality benchmark's sequences: windows of held-out standard-library files.
 
+(A user's own text becomes sequences in :mod:`.own_data`.)
+
 Held-out files (see :mod:`kvpop_compile.embedded.corpus`) were never trained on. Each file
 gives up to ``per_file`` consecutive windows of ``length + 1`` bytes (inputs and their next-byte
 targets), taken from its start; files shorter than one window give none. Files are visited in
@@ -23,12 +25,24 @@ PROMPT_LENGTH = 1536
 """Prompt tokens in the continuation and prompt-compression protocols; the rest is scored."""
 
 
+def default_prompt_length(length: int) -> int:
+    """The prompt of a ``length``-token sequence: the same share as :data:`PROMPT_LENGTH` of
+    :data:`SEQUENCE_LENGTH` (three quarters)."""
+    require_int("length", length, 1)
+    return length * PROMPT_LENGTH // SEQUENCE_LENGTH
+
+
 @dataclass(frozen=True)
 class Sequence:
-    """One benchmark sequence: ``ids`` is (length + 1,) int64 byte tokens of ``source``."""
+    """One benchmark sequence: ``ids`` is (length + 1,) int64 tokens of ``source``.
 
-    source: str  # relative path of the held-out file, with the window's byte offset
+    ``byte_tokens``: the ids are UTF-8 bytes (a byte-level model), so long-range targets
+    (:mod:`.long_range`, which reads identifiers in bytes) can be found in them.
+    """
+
+    source: str  # relative path of the file, with the window's offset in it
     ids: torch.Tensor
+    byte_tokens: bool = True
 
 
 def held_out_sequences(

@@ -1,9 +1,10 @@
 """What the quality benchmark compares: full attention and every policy at each budget.
 
-Budgets are named by compression of a :data:`~.data.SEQUENCE_LENGTH`-token sequence: at "75%"
-each layer and KV head keeps 512 of 2048 tokens, at "88%" 256 (12.5%). Sinks and window are
-counted inside the budget. Every policy runs at the same sinks and window, so a method differs
-from another only in how it fills the pool.
+Budgets are named by the compression of the benchmark's sequence: at "75%" each layer and KV
+head keeps a quarter of the sequence's tokens (512 of :data:`~.data.SEQUENCE_LENGTH` = 2048), at
+"88%" an eighth (256, 12.5%); a shorter or longer sequence scales the capacity with it. Sinks
+and window are counted inside the budget. Every policy runs at the same sinks and window, so a
+method differs from another only in how it fills the pool.
 """
 
 from __future__ import annotations
@@ -14,14 +15,25 @@ from pathlib import Path
 
 from torch import nn
 
-from ..config import KVpopConfig, ScorerKind
+from ..config import KVpopConfig, ScorerKind, require_int
 from ..scorer_io import load_scorer
 from ..transform import transform
 from .data import SEQUENCE_LENGTH
 
-BUDGETS = {"75%": SEQUENCE_LENGTH // 4, "88%": SEQUENCE_LENGTH // 8}
-"""Compression label -> capacity (tokens kept per layer and KV head)."""
 SINKS, WINDOW = 4, 64
+KEPT_FRACTION = {"75%": 4, "88%": 8}
+"""Compression label -> how many times the sequence is longer than the capacity."""
+
+
+def capacities(length: int = SEQUENCE_LENGTH) -> dict[str, int]:
+    """Compression label -> capacity (tokens kept per layer and KV head) for sequences of
+    ``length`` tokens."""
+    require_int("length", length, 1)
+    return {budget: length // share for budget, share in KEPT_FRACTION.items()}
+
+
+BUDGETS = capacities()
+"""Compression label -> capacity at the benchmark's :data:`~.data.SEQUENCE_LENGTH`."""
 POLICIES = tuple(kind.value for kind in ScorerKind)
 """memory, mlp, window (StreamingLLM), random, knorm, h2o, tova."""
 FULL = "full"
@@ -46,10 +58,12 @@ def scorer_folder(policy: str, capacity: int, root: str | Path | None = None) ->
 
 @dataclass(frozen=True)
 class Method:
-    """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention)."""
+    """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention) of
+    sequences of ``length`` tokens."""
 
     policy: str | None
     budget: str | None
+    length: int = SEQUENCE_LENGTH
 
     @property
     def name(self) -> str:
@@ -57,18 +71,85 @@ class Method:
 
     @property
     def capacity(self) -> int | None:
-        return None if self.budget is None else BUDGETS[self.budget]
+        return None if self.budget is None else capacities(self.length)[self.budget]
 
 
-def methods(policies=POLICIES, budgets=tuple(BUDGETS)) -> list[Method]:
-    """Full attention, then every policy at every budget (unknown names raise ValueError)."""
+def methods(
+    policies=POLICIES, budgets=tuple(BUDGETS), length: int = SEQUENCE_LENGTH
+) -> list[Method]:
+    """Full attention, then every policy at every budget of ``length``-token sequences.
+
+    Unknown names raise ``ValueError``, and so does a ``length`` that leaves a budget no pool
+    slot beyond the sinks and window.
+    """
     for budget in budgets:
         if budget not in BUDGETS:
             raise ValueError(f"budget must be one of {', '.join(BUDGETS)}; got {budget!r}")
     for policy in policies:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    return [Method(None, None)] + [Method(p, b) for b in budgets for p in policies]
+    kept = capacities(length)
+    for budget in budgets:
+        if kept[budget] <= SINKS + WINDOW:
+            shortest = (SINKS + WINDOW + 1) * KEPT_FRACTION[budget]
+            raise ValueError(
+                f"sequence length {length} keeps {kept[budget]} tokens at the {budget} budget, "
+                f"but a budget must exceed sinks + window = {SINKS + WINDOW}; use a length of "
+                f"at least {shortest}"
+            )
+    return [Method(None, None, length)] + [Method(p, b, length) for b in budgets for p in policies]
+
+
+def runnable_policies(
+    requested: tuple[str, ...] | None, scorers: bool
+) -> tuple[tuple[str, ...], list[str]]:
+    """The policies to run and a note on any left out.
+
+    ``requested`` None means every policy; where no trained scorers are at hand (``scorers``
+    False: a user's model without ``--scorers``) that is every heuristic policy, with a note
+    saying so, and a learned policy requested by name raises ``ValueError``.
+    """
+    wanted = tuple(requested) if requested is not None else POLICIES
+    learned = [p for p in wanted if ScorerKind(p).learned]
+    if scorers or not learned:
+        return wanted, []
+    if requested is not None:
+        raise ValueError(
+            f"--policies {' '.join(learned)}: learned policies need scorers trained for this "
+            "model; pass --scorers (a folder of <policy>-<capacity>/ scorers), or leave them out "
+            "of --policies"
+        )
+    heuristic = tuple(p for p in wanted if p not in learned)
+    note = (
+        f"The learned policies ({', '.join(learned)}) were not run: they need scorers trained "
+        "for this model (--scorers, a folder of <policy>-<capacity>/ scorers)."
+    )
+    return heuristic, [note]
+
+
+def trained_scorer(method: Method, root: str | Path | None = None) -> Path:
+    """The folder of ``method``'s trained scorer under ``root`` (default: the scorers shipped
+    with the embedded model); ``FileNotFoundError`` naming it when it is missing."""
+    folder = scorer_folder(method.policy, method.capacity, root)
+    if not folder.is_dir():
+        hint = "train one with scripts/train_embedded_scorers.py or pass --scorers"
+        if root is None and method.length != SEQUENCE_LENGTH:
+            hint = (
+                f"the shipped scorers are for sequences of {SEQUENCE_LENGTH} tokens: pass "
+                "--scorers, or --policies without memory and mlp"
+            )
+        raise FileNotFoundError(
+            f"no trained {method.policy} scorer for capacity {method.capacity} at {folder}; {hint}"
+        )
+    return folder
+
+
+def check_scorers(methods: list[Method], root: str | Path | None = None) -> None:
+    """Raise ``FileNotFoundError`` (see :func:`trained_scorer`) before anything runs when a
+    learned method's scorer is missing."""
+    for method in methods:
+        if method.policy is not None and ScorerKind(method.policy).learned:
+            trained_scorer(method, root)
 
 
 def build_model(original: nn.Module, method: Method, scorer_root: str | Path | None = None):
@@ -82,11 +163,5 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     config = budget_config(method.policy, method.capacity)
     model = transform(copy.deepcopy(original), config)
     if config.scorer.learned:
-        folder = scorer_folder(method.policy, method.capacity, scorer_root)
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"no trained {method.policy} scorer for capacity {method.capacity} at {folder}; "
-                "train one with scripts/train_embedded_scorers.py or pass --scorers"
-            )
-        load_scorer(model, folder)
+        load_scorer(model, trained_scorer(method, scorer_root))
     return model

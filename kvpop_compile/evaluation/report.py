@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import SEQUENCE_LENGTH
-from .methods import BUDGETS, FULL
+from .methods import FULL, KEPT_FRACTION
 
 RESAMPLES = 2000
 NO_PRESS = "none"  # kvpress run without compression, by benchmarks/kvpress_eval.py
@@ -74,7 +73,8 @@ FIGURES = {
 
 
 def summarize(results: dict) -> dict[str, dict[str, Estimate]]:
-    """Method name -> figure name -> estimate, for the figures its protocols allow."""
+    """Method name -> figure name -> estimate, for the figures its protocols allow (long-range
+    ones only where the run found long-range targets: in byte tokens)."""
     methods = results["methods"]
     full = methods[FULL]
     summary = {}
@@ -84,6 +84,8 @@ def summarize(results: dict) -> dict[str, dict[str, Estimate]]:
             if protocol not in record:
                 continue
             data = record[protocol]
+            if num not in data:
+                continue
             denominator = data[den] if den else [1.0] * len(data[num])
             if relative:
                 ref = full[protocol]
@@ -118,8 +120,9 @@ def _label(record: dict) -> tuple[str, str]:
 def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -> str:
     """The benchmark's tables: teacher-forced (all and long-range), continuation, compression."""
     methods = results["methods"]
+    unit = "byte" if results.get("tokenizer") is None else "token"
     lines = [
-        "| method | compression | top-1 accuracy | retention % | NLL (nats/byte) | "
+        f"| method | compression | top-1 accuracy | retention % | NLL (nats/{unit}) | "
         "long-range accuracy | long-range retention % | continuation agreement % | "
         "first difference (tokens) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -159,7 +162,7 @@ def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -
 
 def budget_compression(budget: str) -> float:
     """The compression a budget label names, as a fraction (``"88%"`` -> 0.875)."""
-    return 1.0 - BUDGETS[budget] / SEQUENCE_LENGTH
+    return 1.0 - 1.0 / KEPT_FRACTION[budget]
 
 
 def summarize_kvpress(kvpress: dict, results: dict) -> tuple[dict, list[str]]:
