@@ -82,7 +82,7 @@ def cli_error(argv, capsys) -> str:
          "argument --eval-every: must be an integer >= 1, got '0'"),
         (["train", "--model", "CKPT", "--data", "D", "--out", "O", "--seq-len", "-5"],
          "argument --seq-len: must be an integer >= 2, got '-5'"),
-        (["demo", "--tokens", "1"], "argument --tokens: must be an integer >= 2, got '1'"),
+        (["demo", "--items", "0"], "argument --items: must be an integer >= 1, got '0'"),
         (["demo", "--model", "/nonexistent"], "argument --model: '/nonexistent' is not a folder"),
         (["eval", "--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
         (["eval", "--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),

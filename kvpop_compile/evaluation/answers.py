@@ -28,7 +28,7 @@ from .benchmark import versions
 from .methods import SINKS, WINDOW, Method, build_model, check_scorers
 from .own_data import AnswerItem
 from .protocols import model_cache
-from .recall import _feed, _greedy
+from .recall import feed_tokens, greedy_tokens
 from .recall_report import summarize_recall
 from .report import _label
 
@@ -41,7 +41,7 @@ def greedy_answer(model: nn.Module, prompts: torch.Tensor, steps: int) -> torch.
     """``steps`` greedy tokens (B, steps) after ``prompts`` (B, P), which enter the model's own
     cache (bounded for a transformed model) first."""
     cache = model_cache(model)
-    return _greedy(model, _feed(model, prompts, cache), cache, steps)
+    return greedy_tokens(model, feed_tokens(model, prompts, cache), cache, steps)
 
 
 def _batches(items: list[AnswerItem], batch: int) -> list[list[int]]:

@@ -53,7 +53,7 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
                 linewidth=width, label=label, color=colours(index % 20),
             )  # fmt: skip
         ax.set_title(title)
-        ax.set_xlabel("compression (% of 2048 tokens evicted)")
+        ax.set_xlabel("compression (% of the sequence evicted)")
         ax.set_xticks([100 * budget_compression(b) for b in BUDGETS])
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("retention (% of full-attention top-1 accuracy)")

@@ -50,7 +50,7 @@ def decode_stretch(length: int, max_positions: int, cap: int | None = None) -> i
     return stretch if cap is None else min(stretch, cap)
 
 
-def _feed(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
+def feed_tokens(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
     """Continue ``cache`` with ``ids (B, T)``; next-token logits ``(B, vocab)``. A bounded
     cache takes the tokens as prefill chunks (exactly equal to one step per token)."""
     seen = int(cache.get_seq_length())
@@ -61,14 +61,14 @@ def _feed(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
     return out.logits[:, -1]
 
 
-def _greedy(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> torch.Tensor:
+def greedy_tokens(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> torch.Tensor:
     """``steps`` greedy tokens ``(B, steps)`` from ``logits``, continuing ``cache``."""
     tokens = []
     for step in range(steps):
         token = logits.argmax(dim=-1, keepdim=True)
         tokens.append(token)
         if step < steps - 1:
-            logits = _feed(model, token, cache)
+            logits = feed_tokens(model, token, cache)
     return torch.cat(tokens, dim=1)
 
 
@@ -87,17 +87,17 @@ def greedy_answers(
     prompts = torch.stack([encode(i.prompt) for i in items])
     cache = model_cache(model)
     if protocol == "prefill":
-        logits = _feed(model, prompts, cache)
+        logits = feed_tokens(model, prompts, cache)
     else:
         # The question is the prompt's last line; every item of a task ends with the same one
         # length-wise, so one cut serves the batch.
         cut = items[0].prompt.rindex(b"\n") + 1
-        logits = _feed(model, prompts[:, :cut], cache)
+        logits = feed_tokens(model, prompts[:, :cut], cache)
         if stretch:
-            generated = _greedy(model, logits, cache, stretch)
-            _feed(model, generated[:, -1:], cache)  # the stretch's last token enters too
-        logits = _feed(model, prompts[:, cut:], cache)
-    return _greedy(model, logits, cache, len(items[0].answer)), cache
+            generated = greedy_tokens(model, logits, cache, stretch)
+            feed_tokens(model, generated[:, -1:], cache)  # the stretch's last token enters too
+        logits = feed_tokens(model, prompts[:, cut:], cache)
+    return greedy_tokens(model, logits, cache, len(items[0].answer)), cache
 
 
 def answer_exactly(
