@@ -80,8 +80,8 @@ def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
 
 def decode_row(shapes: Shapes, capacity: int, device, peak) -> tuple[list[str], float]:
     """One capacity's decode attention: the table row and the kernel's median ms."""
-    from kvpop_compile.runtime.attention import bounded_decode_attention as reference
     from kvpop_compile.runtime.kernels import bounded_decode_attention
+    from kvpop_compile.runtime.reference import bounded_decode_attention as reference
 
     h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
     q = torch.randn(1, h * g, 1, d, device=device, dtype=dtype)

@@ -14,7 +14,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .config import KVpopConfig
 from .runtime.cache import BoundedCacheState
-from .runtime.scorers import Scorer
+from .runtime.scorers.base import Scorer
 
 
 class KVpopLayer(CacheLayerMixin):

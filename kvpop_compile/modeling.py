@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache
 
 from .config import KVpopConfig
 from .kv_cache import KVpopCache
-from .runtime.attention_module import BoundedAttention
+from .runtime.bounded_attention import BoundedAttention
 from .runtime.cache import BoundedCacheState
 
 

@@ -12,10 +12,10 @@ from kvpop_compile.runtime import (
     BoundedCacheState,
     WindowScorer,
     build_scorer,
+    chunk_step,
     decode_step,
     decode_tokens,
     masked_attention,
-    prefill,
 )
 
 # Outputs of prefill and of decode sum the same float32 terms (at most a few dozen per query,
@@ -65,7 +65,7 @@ def test_prefill_equals_decode_steps(
     kwargs = {"scorer": scorer, "config": config, "scale": head_dim**-0.5}
     parallel = BoundedCacheState.empty(config, scorer, batch=batch, head_dim=head_dim)
     stepped = BoundedCacheState.empty(config, scorer, batch=batch, head_dim=head_dim)
-    out_parallel = prefill(
+    out_parallel = chunk_step(
         parallel, q[:, :, :n], k[:, :, :n], raw_k[:, :, :n], v[:, :, :n], **kwargs
     )
     out_stepped = decode_tokens(
@@ -134,7 +134,7 @@ def test_capacity_at_least_sequence_gives_full_causal_attention(kind, group):
     q, k, raw_k, v = make_inputs(1, 2, 2, group, n, head_dim)
     full, _ = masked_attention(q, k, v, None, scale=0.3)
     state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=head_dim)
-    out = prefill(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    out = chunk_step(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     torch.testing.assert_close(out, full, **TOLERANCE)
     state.reset_()
     stepped = decode_tokens(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
@@ -177,7 +177,7 @@ def test_prefill_equals_decode_with_float32_inputs_into_a_bf16_cache(kind):
             config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16
         )
         stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16)
-        prefill(parallel, q, k, raw_k, v, **kwargs)
+        chunk_step(parallel, q, k, raw_k, v, **kwargs)
         decode_tokens(stepped, q, k, raw_k, v, **kwargs)
         assert parallel.cached_positions() == stepped.cached_positions(), seed
 
@@ -198,7 +198,7 @@ def test_minus_infinity_scores_still_fill_free_pool_slots():
     parallel = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
     stepped = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
     first5 = tuple(x[:, :, :5] for x in (q, k, raw_k, v))
-    out = prefill(parallel, *first5, **kwargs)
+    out = chunk_step(parallel, *first5, **kwargs)
     torch.testing.assert_close(out, decode_tokens(stepped, *first5, **kwargs), **TOLERANCE)
     # Token 2 scores -inf but found a free pool slot, so it is still held after 5 tokens.
     assert parallel.cached_positions()[0] == stepped.cached_positions()[0] == [[0, 1, 2, 3, 4]] * 2
@@ -214,7 +214,7 @@ def test_prefill_of_no_tokens_leaves_an_empty_cache(kind):
     scorer = build_scorer(config, 2, 8)
     state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
     q, k, raw_k, v = make_inputs(0, 1, 2, 1, 0, 8)
-    out = prefill(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    out = chunk_step(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     assert out.shape == (1, 2, 0, 8) and state.seen.tolist() == [0]
     assert state.cached_positions() == [[[], []]]
 
@@ -224,11 +224,11 @@ def test_bf16_cache_keeps_dtype_and_matches_float32():
     scorer = build_scorer(config, 2, 8)
     q, k, raw_k, v = make_inputs(5, 1, 2, 2, 20, 8, dtype=torch.bfloat16)
     state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8, dtype=torch.bfloat16)
-    out = prefill(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
+    out = chunk_step(state, q, k, raw_k, v, scorer=scorer, config=config, scale=0.3)
     assert out.dtype == torch.bfloat16 and state.keys.dtype == torch.bfloat16
     reference_state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=8)
     inputs32 = [x.float() for x in (q, k, raw_k, v)]
-    reference = prefill(reference_state, *inputs32, scorer=scorer, config=config, scale=0.3)
+    reference = chunk_step(reference_state, *inputs32, scorer=scorer, config=config, scale=0.3)
     assert state.cached_positions() == reference_state.cached_positions()
     # The only difference is rounding the float32 result to bfloat16 (8 mantissa bits).
     torch.testing.assert_close(out.float(), reference, rtol=2**-8, atol=2**-8)
@@ -243,11 +243,11 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="decode_step takes one token, got 3"):
         decode_step(state, q, k, raw_k, v, **kwargs)
     with pytest.raises(ValueError, match=r"query heads \(3\) must be a positive multiple"):
-        prefill(state, q[:, :3], k, raw_k, v, **kwargs)
+        chunk_step(state, q[:, :3], k, raw_k, v, **kwargs)
     with pytest.raises(ValueError, match="do not match the cache"):
-        prefill(state, q[..., :4], k[..., :4], raw_k[..., :4], v[..., :4], **kwargs)
+        chunk_step(state, q[..., :4], k[..., :4], raw_k[..., :4], v[..., :4], **kwargs)
     with pytest.raises(ValueError, match="expected q"):
-        prefill(state, q, k, raw_k[:, :, :2], v, **kwargs)
+        chunk_step(state, q, k, raw_k[:, :, :2], v, **kwargs)
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         BoundedCacheState.empty(config, scorer, batch=0, head_dim=8)
 

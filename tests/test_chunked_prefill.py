@@ -16,7 +16,7 @@ from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
 from kvpop_compile import KVpopConfig, ScorerKind
-from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_tokens, prefill
+from kvpop_compile.runtime import BoundedCacheState, build_scorer, chunk_step, decode_tokens
 
 HEAD_DIM = 8
 
@@ -77,9 +77,9 @@ def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group,
 
     chunked, whole, stepped = empty(), empty(), empty()
     out_chunked = torch.cat(
-        [prefill(chunked, *part(lo, hi), **kwargs) for lo, hi in _chunk_bounds(n, cuts)], dim=2
+        [chunk_step(chunked, *part(lo, hi), **kwargs) for lo, hi in _chunk_bounds(n, cuts)], dim=2
     )
-    out_whole = prefill(whole, *part(0, n), **kwargs)
+    out_whole = chunk_step(whole, *part(0, n), **kwargs)
     out_stepped = decode_tokens(stepped, *part(0, n), **kwargs)
     torch.testing.assert_close(out_chunked, out_stepped, **TOLERANCE)
     torch.testing.assert_close(out_whole, out_stepped, **TOLERANCE)
@@ -152,7 +152,7 @@ def test_chunked_prefill_on_the_triton_kernels_matches_the_reference(device):
         for lo, hi in _chunk_bounds(24, [5, 11, 18]):
             chunk = tuple(x[:, :, lo:hi].to(where) for x in inputs)
             with context():
-                parts.append(prefill(state, *chunk, scorer=on, **kwargs).cpu())
+                parts.append(chunk_step(state, *chunk, scorer=on, **kwargs).cpu())
         states.append(BoundedCacheState(*(t.cpu() for t in state.tensors())))
         outs.append(torch.cat(parts, dim=2))
     torch.testing.assert_close(outs[1], outs[0], **TOLERANCE)
@@ -200,7 +200,7 @@ def test_generate_prefills_in_chunks_of_the_configured_length():
 
 
 def test_prefill_chunk_is_checked():
-    with pytest.raises(ValueError, match="prefill_chunk must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="prefill_chunk must be an integer >= 1, got 0"):
         KVpopConfig(prefill_chunk=0)
     model = kc.transform(tiny_qwen3(), KVpopConfig(sinks=2, window=4, topk=10))
     with pytest.raises(ValueError, match="chunk must be an integer >= 1, got 0"):

@@ -16,10 +16,11 @@ from kernel_support import (
     kernels_enabled,
 )
 
-from kvpop_compile.runtime import eviction, ops  # noqa: F401
-from kvpop_compile.runtime.attention import bounded_decode_attention, masked_attention
+from kvpop_compile.runtime import ops  # noqa: F401
 from kvpop_compile.runtime.kernels import bounded_decode_attention as decode_kernel
-from kvpop_compile.runtime.target import future_attention_target
+from kvpop_compile.runtime.reference import eviction
+from kvpop_compile.runtime.reference.attention import bounded_decode_attention, masked_attention
+from kvpop_compile.runtime.reference.target import future_attention_target
 
 pytestmark = pytest.mark.parametrize("device", kernel_devices())
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from kernel_support import kernel_devices, kernels_enabled
 
 from kvpop_compile.runtime import ops  # noqa: F401
-from kvpop_compile.runtime.cache_update import evict_into_pool_, write_new_token_
 from kvpop_compile.runtime.kernels import evict as evict_kernels
+from kvpop_compile.runtime.reference.evict import evict_into_pool_, write_new_token_
 
 pytestmark = pytest.mark.parametrize("device", kernel_devices())
 

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_support import kernel_devices, kernels_enabled
 
-from kvpop_compile.runtime import eviction, ops  # noqa: F401
-from kvpop_compile.runtime.loss import boundary_decisions
+from kvpop_compile.runtime import ops  # noqa: F401
+from kvpop_compile.runtime.reference import eviction
+from kvpop_compile.training.losses import boundary_decisions
 
 pytestmark = pytest.mark.parametrize("device", kernel_devices())
 

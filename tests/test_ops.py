@@ -11,7 +11,7 @@ from kvpop_compile.runtime import (
     eviction_steps,
     ops,  # noqa: F401
 )
-from kvpop_compile.runtime.attention import bounded_decode_attention, masked_attention
+from kvpop_compile.runtime.reference.attention import bounded_decode_attention, masked_attention
 
 
 def cache_after_a_few_tokens(topk=3):

@@ -17,8 +17,8 @@ from kvpop_compile.passes import (
     replace_attention,
     run_passes,
 )
-from kvpop_compile.runtime import BoundedCacheState, prefill
-from kvpop_compile.runtime.attention_module import BoundedAttention
+from kvpop_compile.runtime import BoundedCacheState, chunk_step
+from kvpop_compile.runtime.bounded_attention import BoundedAttention
 
 aten = torch.ops.aten
 CONFIG = KVpopConfig(sinks=2, window=4, topk=64, scorer="memory")
@@ -216,7 +216,7 @@ def test_insert_scorer_feeds_the_scorer_the_keys_before_rope(implementation):
     # not with the rotated ones (the memory scorer's scores, so what is evicted, depend on it).
     def reference(raw_keys):
         fresh = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16)
-        out = prefill(fresh, q, k, raw_keys, v, scorer=scorer, config=config,
+        out = chunk_step(fresh, q, k, raw_keys, v, scorer=scorer, config=config,
                       scale=16**-0.5)  # fmt: skip
         with torch.no_grad():
             return attention.o_proj(out.transpose(1, 2).reshape(2, 20, -1)), fresh

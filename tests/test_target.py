@@ -9,12 +9,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from kvpop_compile.runtime import (
-    boundary_accuracy,
-    boundary_decisions,
-    boundary_loss,
     future_attention_target,
     future_attention_target_dense,
     masked_attention,
+)
+from kvpop_compile.training.losses import (
+    boundary_accuracy,
+    boundary_decisions,
+    boundary_loss,
     quantile_bce_loss,
     regression_loss,
 )

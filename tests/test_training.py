@@ -8,14 +8,11 @@ from training_support import CONFIG, TEXTS, run
 
 import kvpop_compile as kc
 from kvpop_compile.capture import capture_attention
-from kvpop_compile.passes.insert_future_attention_target import insert_future_attention_target
-from kvpop_compile.runtime import (
-    boundary_decisions,
-    boundary_loss,
-    future_attention_target_dense,
-    masked_attention,
-)
+from kvpop_compile.runtime import build_scorer, future_attention_target_dense, masked_attention
 from kvpop_compile.training import train_scorer
+from kvpop_compile.training.losses import boundary_decisions, boundary_loss
+from kvpop_compile.training.passes import insert_future_attention_target
+from kvpop_compile.training.scorer_loss import ScorerLoss
 
 
 def training_graph(model, layer=0):
@@ -26,15 +23,15 @@ def training_graph(model, layer=0):
     return attention, insert_future_attention_target(graph, CONFIG)
 
 
-def test_pass_inserts_one_target_and_one_loss_per_attention():
+def test_pass_inserts_one_target_per_attention():
     _, gm = training_graph(tiny_qwen3())
     targets = [str(node.target) for node in gm.graph.nodes]
     assert targets.count("kvpop.masked_attention.default") == 1
     assert targets.count("kvpop.future_attention_target.default") == 1
-    assert targets.count("kvpop_scorer_loss") == 1
     assert "aten.scaled_dot_product_attention.default" not in targets
     output = next(node for node in gm.graph.nodes if node.op == "output")
-    assert len(output.args[0]) == 3  # attention output, loss, ranking accuracy
+    # Attention output, then the scorer loss's inputs: pre-RoPE keys, values, target, validity.
+    assert len(output.args[0]) == 5
 
 
 class ShapeRecorder(Interpreter):
@@ -81,8 +78,12 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
     n = 64
     hidden = torch.randn(2, n, model.config.hidden_size)
     cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None].expand(2, -1))
+    kv_heads = model.config.num_key_value_heads
+    scorer = build_scorer(CONFIG, kv_heads, attention.head_dim, gm.kvpop_layer_idx)
+    scorer_loss = ScorerLoss(scorer, CONFIG, "boundary", tau=1.0)
     with torch.no_grad():
-        _, loss, accuracy = gm(hidden, cos, sin)
+        _, *scorer_inputs = gm(hidden, cos, sin)
+        loss, accuracy = scorer_loss(*scorer_inputs)
         shape = (2, n, -1, attention.head_dim)
         q = attention.q_norm(attention.q_proj(hidden).view(shape)).transpose(1, 2)
         raw_k = attention.k_norm(attention.k_proj(hidden).view(shape)).transpose(1, 2)
@@ -93,7 +94,6 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
         target, _ = future_attention_target_dense(
             q, k, window=CONFIG.window, scale=attention.scaling
         )
-        scorer = gm.kvpop_scorer_loss.scorer
         rhat, _ = scorer.score_sequence(raw_k, v, CONFIG.window)
         decisions = boundary_decisions(target, sinks=2, window=8, topk=16, lam=0.0)
         expected = boundary_loss(rhat, decisions)

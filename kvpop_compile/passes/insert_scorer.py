@@ -20,8 +20,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..config import KVpopConfig
-from ..runtime.attention_module import BoundedAttention
-from ..runtime.scorers import build_scorer
+from ..runtime.bounded_attention import BoundedAttention
+from ..runtime.scorers.registry import build_scorer
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten

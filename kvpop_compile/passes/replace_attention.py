@@ -20,7 +20,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from ..config import KVpopConfig
-from ..runtime.attention_module import BoundedAttention
+from ..runtime.bounded_attention import BoundedAttention
 from ..runtime.cache import BoundedCacheState
 
 logger = logging.getLogger(__name__)

@@ -1,39 +1,40 @@
-"""KVpop runtime: the policy, the bounded cache, scorers and the training target.
+"""The KVpop runtime, in floors; each floor imports only the floors below it.
 
-Everything importable from here is plain PyTorch (no Triton), so it is the oracle for the
-kernels and graph passes built on it.
+1. :mod:`.reference` — the plain-PyTorch reference of every op and of the policy (no Triton):
+   the oracle of the kernels and the CPU implementation of the ops.
+2. :mod:`.kernels` — the Triton kernels (imported only on the Triton path).
+3. :mod:`.ops` and :mod:`.dispatch` — the ``kvpop`` custom ops, each choosing its kernel or
+   its reference by device.
+4. :mod:`.scorers` — the scorers, one family per file behind the one ``Scorer`` interface.
+5. :mod:`.cache`, :mod:`.decode_step`, :mod:`.chunk_step` and :mod:`.bounded_attention` — one
+   layer's bounded cache state, the two steps that update it, and the module a rewritten graph
+   calls.
+
+Training-only code (the target's losses, the distillation student) lives in
+:mod:`kvpop_compile.training`.
 """
 
-from .attention import bounded_decode_attention, masked_attention
-from .bounded_attention import (
-    decode_step,
-    decode_tokens,
-    evict_,
-    leaving_token,
-    prefill,
-    write_token_,
-)
+from .bounded_attention import BoundedAttention
 from .cache import BoundedCacheState
-from .eviction import (
+from .chunk_step import chunk_step
+from .decode_step import decode_step, decode_tokens, evict_, leaving_token, write_token_
+from .reference import (
     BoundaryDecisions,
+    bounded_decode_attention,
     eviction_steps,
+    future_attention_target,
+    future_attention_target_dense,
+    masked_attention,
     prefix_kth_smallest,
     running_topk_boundary,
     streaming_eviction_steps,
+    token_priority,
     weakest_slot,
 )
-from .loss import (
-    boundary_accuracy,
-    boundary_decisions,
-    boundary_loss,
-    quantile_bce_loss,
-    regression_loss,
-    target_priority,
-)
-from .memory_scorer import MemoryScorer
 from .scorers import (
     H2OScorer,
     KNormScorer,
+    MemoryScorer,
     MLPScorer,
     RandomScorer,
     Scorer,
@@ -41,10 +42,10 @@ from .scorers import (
     WindowScorer,
     build_scorer,
 )
-from .target import future_attention_target, future_attention_target_dense
 
 __all__ = [
     "BoundaryDecisions",
+    "BoundedAttention",
     "BoundedCacheState",
     "H2OScorer",
     "KNormScorer",
@@ -54,11 +55,9 @@ __all__ = [
     "Scorer",
     "TOVAScorer",
     "WindowScorer",
-    "boundary_accuracy",
-    "boundary_decisions",
-    "boundary_loss",
     "bounded_decode_attention",
     "build_scorer",
+    "chunk_step",
     "decode_step",
     "decode_tokens",
     "evict_",
@@ -67,13 +66,10 @@ __all__ = [
     "future_attention_target_dense",
     "leaving_token",
     "masked_attention",
-    "prefill",
     "prefix_kth_smallest",
-    "quantile_bce_loss",
-    "regression_loss",
     "running_topk_boundary",
     "streaming_eviction_steps",
-    "target_priority",
+    "token_priority",
     "weakest_slot",
     "write_token_",
 ]

@@ -1,4 +1,5 @@
-"""The bounded KV cache of one layer: fixed-shape tensors, updated in place.
+"""The bounded KV cache state of one layer: fixed-shape tensors, updated in place (floor 5 of
+the runtime, with the bounded attention that reads and writes it).
 
 Nothing here has a shape that depends on how many tokens have been seen, so a decode step is
 one static graph (CUDA graphs, ``torch.compile(fullgraph=True)``, export). The state is a plain
@@ -19,7 +20,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..config import KVpopConfig
-from .scorers import Scorer
+from .scorers.base import Scorer
 
 # What an empty cache holds, per field (0 for fields not listed): a runtime that allocates the
 # state itself, such as an exported engine's runner, fills it from this table.

@@ -1,4 +1,4 @@
-"""The ``kvpop`` custom ops that a transformed graph carries.
+"""Floor 3 of the runtime: the ``kvpop`` custom ops that a transformed graph carries.
 
 Each op is a ``torch.library.triton_op`` whose body branches on the device: CUDA tensors run
 the op's Triton kernel (launched through ``wrap_triton``, so Inductor sees the kernel and
@@ -6,7 +6,8 @@ the op's Triton kernel (launched through ``wrap_triton``, so Inductor sees the k
 and AOTInductor inline and lower (an exported CPU package then needs no Python definition of
 the op). A fake implementation is derived from the body.
 
-Importing this module registers the ops; ``torch.ops.kvpop.<name>`` calls them.
+Importing this module registers the ops; ``torch.ops.kvpop.<name>`` calls them. Code above
+this floor calls the ops, never a kernel or a reference op directly.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import torch
 from torch.library import triton_op
 
-from . import attention, cache_update, eviction, target
 from .dispatch import use_triton
+from .reference import attention, eviction, target
+from .reference.evict import evict_into_pool_, write_new_token_
 
 
 def _kernels():
@@ -30,7 +32,22 @@ def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -
     """Parallel eviction steps ``(..., N)`` int64 of static ``priority (..., N)``."""
     if use_triton(priority):
         return _kernels().eviction_steps(priority, sinks, window, topk)
-    return eviction._eviction_steps(priority, sinks, window, topk)
+    return eviction.unchecked_eviction_steps(priority, sinks, window, topk)
+
+
+@triton_op("kvpop::running_topk_boundary", mutates_args=())
+def running_topk_boundary(
+    priority: torch.Tensor, sinks: int, window: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The running top-k's keep-or-drop decision at every query of static ``priority (..., N)``:
+    the fields of :class:`~.reference.eviction.BoundaryDecisions` (``new``, ``boundary``,
+    ``keep``, ``valid``), each ``(..., N)``."""
+    if use_triton(priority):
+        decisions = _kernels().running_topk_boundary(priority, sinks, window, topk)
+    else:
+        decisions = eviction.unchecked_running_topk_boundary(priority, sinks, window, topk)
+    # `new` is a broadcast view; an op's outputs are tensors of their own.
+    return decisions.new.contiguous(), decisions.boundary, decisions.keep, decisions.valid
 
 
 @triton_op("kvpop::masked_attention", mutates_args=())
@@ -87,9 +104,7 @@ def evict(
     topk: int,
 ) -> None:
     """Fused evict: argmin over the pool, compare, conditional overwrite (in place)."""
-    evict_into_pool = (
-        _kernels().evict_into_pool if use_triton(keys) else cache_update.evict_into_pool_
-    )
+    evict_into_pool = _kernels().evict_into_pool if use_triton(keys) else evict_into_pool_
     evict_into_pool(
         keys, values, positions, priorities, statistic, leaving_key, leaving_value,
         leaving_position, leaving_statistic, priority, sinks, topk,
@@ -115,7 +130,7 @@ def write_token(
 ) -> None:
     """Write each row's token at its position ``seen (B,)`` into its sink or window-ring slot
     (in place)."""
-    write = _kernels().write_new_token if use_triton(keys) else cache_update.write_new_token_
+    write = _kernels().write_new_token if use_triton(keys) else write_new_token_
     write(
         keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
         sinks, topk, window,

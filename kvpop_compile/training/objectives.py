@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -21,45 +20,51 @@ from torch.fx import GraphModule
 
 from ..capture import capture_attention
 from ..config import KVpopConfig
-from ..passes.insert_future_attention_target import insert_future_attention_target
 from ..passes.remove_dead_code import remove_dead_code
-from ..passes.replace_attention_for_distillation import replace_attention_for_distillation
-from ..runtime.scorer_loss import LossKind
+from ..runtime.scorers.registry import build_scorer
 from .distributed import ProcessGroup, assign_whole, shard_student, whole
+from .passes import insert_future_attention_target, replace_attention_for_distillation
+from .scorer_loss import LossKind, ScorerLoss
 
 
 class GraphAttention(nn.Module):
-    """A layer's attention running a training graph ``(hidden, cos, sin) -> (out, *extra)``;
-    keeps each call's ``extra`` outputs (the teacher's loss and accuracy) in ``records``."""
+    """A layer's attention running a training graph ``(hidden, cos, sin) -> (out, *extra)``.
 
-    def __init__(self, attention: nn.Module, graph: GraphModule):
+    A teacher's graph returns the scorer's inputs as ``extra``; its ``scorer_loss`` turns them
+    into the layer's loss and ranking accuracy, kept per call in ``records``."""
+
+    def __init__(
+        self, attention: nn.Module, graph: GraphModule, scorer_loss: ScorerLoss | None = None
+    ):
         super().__init__()
         for name, child in attention.named_children():
             self.add_module(name, child)
         for name, child in graph.named_children():
             if name.startswith("kvpop_"):
-                self.add_module(name, child)  # the scorer, so it trains and moves with us
+                self.add_module(name, child)  # the student's attention and its scorer
+        if scorer_loss is not None:
+            self.kvpop_scorer_loss = scorer_loss  # the scorer, so it trains and moves with us
         self.__dict__["graph"] = graph  # its parameters are registered above
-        self.records: list[tuple[torch.Tensor, ...]] = []
+        self.records: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         batch = hidden_states.shape[0]
         cos, sin = (table.expand(batch, -1, -1) for table in position_embeddings)
         out, *extra = self.graph(hidden_states, cos, sin)
         if extra:
-            self.records.append(tuple(extra))
+            self.records.append(self.kvpop_scorer_loss(*extra))
         return out, None
 
 
 @contextlib.contextmanager
-def swapped_attention(model: nn.Module, build: Callable[[int, nn.Module], GraphModule]):
-    """Swap ``build(layer_index, attention)``'s graph into every layer; restore afterwards."""
+def swapped_attention(model: nn.Module, build: Callable[[int, nn.Module], GraphAttention]):
+    """Swap ``build(layer_index, attention)`` into every layer; restore afterwards."""
     layers = model.model.layers
     originals = [layer.self_attn for layer in layers]
     try:
         swapped = []
         for index, (layer, attention) in enumerate(zip(layers, originals, strict=True)):
-            layer.self_attn = GraphAttention(attention, build(index, attention))
+            layer.self_attn = build(index, attention)
             swapped.append(layer.self_attn)
         yield swapped
     finally:
@@ -75,10 +80,13 @@ def _captured(model: nn.Module, attention: nn.Module) -> GraphModule:
 
 def teacher_attention(model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
     """Full attention plus, per layer, the future-attention target and the scorer's loss."""
-    training_pass = functools.partial(insert_future_attention_target, loss=loss, tau=tau)
 
     def build(index, attention):
-        return remove_dead_code(training_pass(_captured(model, attention), config), config)
+        graph = insert_future_attention_target(_captured(model, attention), config)
+        layer = graph.kvpop_layer_idx  # seeds the layer's scorer, as transform does
+        scorer = build_scorer(config, model.config.num_key_value_heads, attention.head_dim, layer)
+        scorer_loss = ScorerLoss(scorer, config, loss, tau)
+        return GraphAttention(attention, remove_dead_code(graph, config), scorer_loss)
 
     return swapped_attention(model, build)
 
@@ -87,10 +95,9 @@ def student_attention(model: nn.Module, config: KVpopConfig, scorers: list):
     """Attention under the running-top-k mask of each layer's (shared) scorer."""
 
     def build(index, attention):
-        graph = replace_attention_for_distillation(
-            _captured(model, attention), config, scorer=scorers[index]
-        )
-        return remove_dead_code(graph, config)
+        graph = replace_attention_for_distillation(_captured(model, attention), config)
+        graph.kvpop_student_attention.scorer = scorers[index]
+        return GraphAttention(attention, remove_dead_code(graph, config))
 
     return swapped_attention(model, build)
 

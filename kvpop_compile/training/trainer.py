@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
 from ..config import KVpopConfig, require_int
-from ..runtime.scorer_loss import LossKind
 from ..scorer_io import describe, save_scorers
 from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
+from .scorer_loss import LossKind
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"

@@ -9,7 +9,7 @@ program per query row — with batch 1 and 8 KV heads there would otherwise be 8
 GPU of 100+ SMs. When asked, it also returns each query head's attention to every slot (the
 attention-fed scorers' input): the first kernel writes raw scores, and a third kernel, over the
 same chunks, normalises them with each row's log-sum-exp.
-Reference: :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
+Reference: :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ..attention import query_group
+from ..reference.attention import query_group
 from .common import dot_precision, next_power_of_2
 
 BLOCK_SLOTS = 64
@@ -149,7 +149,7 @@ def bounded_decode_attention(
     with_probs: bool = True,
     splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`kvpop_compile.runtime.attention.bounded_decode_attention`.
+    """Triton version of :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
 
     Args:
         q: ``(B, Hq, 1, D)``; keys, values: ``(B, Hkv, C, D)``; positions: ``(B, Hkv, C)``.

@@ -6,8 +6,8 @@ One program per (batch, head): load the pool's priorities and positions, find th
 (lowest priority; among equals the newest position; an empty slot before any token), compare the
 leaving token with it, and overwrite key, value, position, priority (and the attention statistic)
 in place when the token wins. No host synchronisation, no data-dependent launch.
-References: :func:`kvpop_compile.runtime.cache_update.evict_into_pool_` and
-:func:`~kvpop_compile.runtime.cache_update.write_new_token_`.
+References: :func:`kvpop_compile.runtime.reference.evict.evict_into_pool_` and
+:func:`~kvpop_compile.runtime.reference.evict.write_new_token_`.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def evict_into_pool(
     sinks: int,
     topk: int,
 ) -> None:
-    """Triton version of :func:`~kvpop_compile.runtime.cache_update.evict_into_pool_`, same
+    """Triton version of :func:`~kvpop_compile.runtime.reference.evict.evict_into_pool_`, same
     arguments and shapes: cache ``keys, values (B, H, C, D)``, ``positions (B, H, C)`` int64,
     ``priorities (B, H, K)``, ``statistic (B, H, C)`` or ``(B, H, 0)`` (all contiguous, updated
     in place); the leaving token's ``key, value (B, H, D)``, ``position, statistic, priority
@@ -160,7 +160,7 @@ def write_new_token(
     topk: int,
     window: int,
 ) -> None:
-    """Triton version of :func:`~kvpop_compile.runtime.cache_update.write_new_token_`, same
+    """Triton version of :func:`~kvpop_compile.runtime.reference.evict.write_new_token_`, same
     arguments: each row's token at its position ``seen`` (``(B,) int64``) with ``key, raw_key, value
     (B, H, 1, D)`` goes into its sink or window-ring slot; ``window_keys (B, H, W, D)``."""
     require_contiguous(

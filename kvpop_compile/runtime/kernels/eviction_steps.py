@@ -15,8 +15,8 @@ then newest), the decision is valid when the pool is full (K members), and the t
 the window is kept iff ``e_{q - W} > q``. One program per block of queries sweeps the candidate
 blocks with a running (count, weakest) per query.
 
-References: :func:`kvpop_compile.runtime.eviction.eviction_steps` and
-:func:`~kvpop_compile.runtime.eviction.running_topk_boundary`.
+References: :func:`kvpop_compile.runtime.reference.eviction.eviction_steps` and
+:func:`~kvpop_compile.runtime.reference.eviction.running_topk_boundary`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ..eviction import BoundaryDecisions
-from ..eviction import _eviction_steps as _reference_eviction_steps
+from ..reference.eviction import BoundaryDecisions, unchecked_eviction_steps
 
 BLOCK_TOKENS = 32
 BLOCK_CANDIDATES = 32
@@ -119,13 +118,14 @@ def _rows(priority: torch.Tensor) -> torch.Tensor:
 
 
 def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
-    """Triton version of :func:`kvpop_compile.runtime.eviction.eviction_steps` (inputs already
-    checked): ``priority (..., N)`` float -> ``(..., N)`` int64 eviction steps."""
+    """Triton version of :func:`kvpop_compile.runtime.reference.eviction.eviction_steps`
+    (inputs already checked): ``priority (..., N)`` float -> ``(..., N)`` int64 eviction
+    steps."""
     n = priority.shape[-1]
     first = min(sinks, n)
     if topk == 0 or n == first or priority.numel() == 0:
         # No pool or nothing past the sinks: closed forms, no sweep to run.
-        return _reference_eviction_steps(priority, sinks, window, topk)
+        return unchecked_eviction_steps(priority, sinks, window, topk)
     steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     rows = _rows(priority)
     grid = (rows.shape[0], triton.cdiv(n - first, BLOCK_TOKENS))
@@ -138,8 +138,9 @@ def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -
 def running_topk_boundary(
     priority: torch.Tensor, sinks: int, window: int, topk: int
 ) -> BoundaryDecisions:
-    """Triton version of :func:`kvpop_compile.runtime.eviction.running_topk_boundary` (inputs
-    already checked): ``priority (..., N)`` -> decisions with fields of shape ``(..., N)``."""
+    """Triton version of
+    :func:`kvpop_compile.runtime.reference.eviction.running_topk_boundary` (inputs already
+    checked): ``priority (..., N)`` -> decisions with fields of shape ``(..., N)``."""
     *lead, n = priority.shape
     device = priority.device
     query = torch.arange(n, device=device)

@@ -5,7 +5,7 @@ over the query heads of the group, minus ``log N_t``. O(N * D) memory, no N x N 
 One program per (batch, KV head, block of keys) holds its key tile and, for each query head of
 the group, streams the query blocks ``d >= t + W`` with an online log-sum-exp. It does one
 ``q . k`` product per pair and no value product, so it costs about half an attention forward.
-Reference: :func:`kvpop_compile.runtime.target.future_attention_target`.
+Reference: :func:`kvpop_compile.runtime.reference.target.future_attention_target`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ..attention import query_group
-from ..target import _log_counts
+from ..reference.attention import query_group
+from ..reference.target import log_future_counts
 from .common import dot_precision, next_power_of_2
 
 BLOCK_KEYS = 32
@@ -76,7 +76,7 @@ def _target_kernel(
 def future_attention_target(
     q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, window: int, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`kvpop_compile.runtime.target.future_attention_target`.
+    """Triton version of :func:`kvpop_compile.runtime.reference.target.future_attention_target`.
 
     Args:
         q: ``(B, Hq, N, D)``; k: ``(B, Hkv, N, D)``; lse: ``(B, Hq, N)`` the forward's per-query
@@ -98,6 +98,6 @@ def future_attention_target(
             BLOCK_T=BLOCK_KEYS, BLOCK_Q=BLOCK_QUERIES, BLOCK_D=next_power_of_2(dim, 16),
             PRECISION=dot_precision(compute),
         )  # fmt: skip
-    log_count, valid = _log_counts(n, window, q.device)
+    log_count, valid = log_future_counts(n, window, q.device)
     log_mean = received - log_count
     return torch.where(valid, log_mean, torch.zeros_like(log_mean)), valid

@@ -3,7 +3,8 @@
 The student sees exactly the keys a KVpop cache would hold: eviction steps come from the
 scorer's priorities (no gradient: the decision is discrete) and attention runs under that mask
 with autograd, in query blocks (O(block * N) memory). Gradients reach the LLM's weights; the
-scorer learns from its own loss on the teacher's target.
+scorer (the layer's, shared with the teacher's graph and attached by the distillation
+objective) learns from its own loss on the teacher's target.
 """
 
 from __future__ import annotations
@@ -12,29 +13,32 @@ import torch
 from torch import nn
 
 from ..config import KVpopConfig
-from . import ops  # noqa: F401  (registers the kvpop ops)
-from .attention import masked_attention
-from .scorers import Scorer
+from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
+from ..runtime.reference.attention import masked_attention
+from ..runtime.reference.eviction import token_priority
+from ..runtime.scorers.base import Scorer
 
 
 class StudentAttention(nn.Module):
-    """``forward(q, k, v, raw_k) -> (B, Hq, N, D)``, shapes as in :class:`BoundedAttention`."""
+    """``forward(q, k, v, raw_k) -> (B, Hq, N, D)``, shapes as in
+    :class:`~kvpop_compile.runtime.bounded_attention.BoundedAttention`."""
 
-    def __init__(self, scorer: Scorer, config: KVpopConfig, scale: float):
+    def __init__(self, config: KVpopConfig, scale: float):
         super().__init__()
-        self.scorer = scorer
+        self.scorer: Scorer | None = None  # the layer's, attached by the distillation objective
         self.config = config
         self.scale = scale
 
     def forward(self, q, k, v, raw_k):
+        if self.scorer is None:
+            raise RuntimeError("StudentAttention has no scorer: attach the layer's scorer first")
         config = self.config
         with torch.no_grad():
             rhat, _ = self.scorer.score_sequence(raw_k, v, config.window)
-            positions = torch.arange(rhat.shape[-1], device=rhat.device, dtype=torch.float32)
             # The op: a Triton kernel on CUDA. Attention below stays the differentiable
             # reference, since the student's weights train through it.
             steps = torch.ops.kvpop.eviction_steps(
-                rhat + config.lam * positions, config.sinks, config.window, config.topk
+                token_priority(rhat, config.lam), config.sinks, config.window, config.topk
             )
         out, _ = masked_attention(q, k, v, steps, scale=self.scale, block=config.prefill_block)
         return out

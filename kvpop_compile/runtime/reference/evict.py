@@ -1,6 +1,7 @@
 """In-place updates of a bounded cache's tensors for one decode step: the fused evict and the
 new token's write (DESIGN §5). Plain PyTorch, no Triton: the reference (and CPU implementation)
-of the ``kvpop::evict`` and ``kvpop::write_token`` ops.
+of the ``kvpop::evict`` and ``kvpop::write_token`` ops, whose Triton kernels are in
+:mod:`kvpop_compile.runtime.kernels.evict`.
 
 Written on bare tensors so that an op schema can carry them, with no ``.item()`` and no Python
 branch on data: one traced step serves every step.

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .scorers import PerHeadMLP, Scorer, _per_head_linear, token_features
+from .base import Scorer
+from .layers import PerHeadMLP, per_head_linear, token_features
 
 
 class MemoryScorer(Scorer):
@@ -51,14 +52,14 @@ class MemoryScorer(Scorer):
         ``[phi_v; 1] (..., dv + 1)``, ``log f (...)`` and ``g (...)``."""
         x = token_features(k, v)
         d = self.head_dim
-        phi_k = F.elu(_per_head_linear(x[..., :d], self.w_key, None)) + 1
-        phi_v = _per_head_linear(x[..., d:], self.w_value, None)
+        phi_k = F.elu(per_head_linear(x[..., :d], self.w_key, None)) + 1
+        phi_v = per_head_linear(x[..., d:], self.w_value, None)
         values = torch.cat([phi_v, torch.ones_like(phi_v[..., :1])], dim=-1)
-        gates = _per_head_linear(x, self.w_gates, self.b_gates)
+        gates = per_head_linear(x, self.w_gates, self.b_gates)
         return x, phi_k, values, F.logsigmoid(gates[..., 0]), torch.sigmoid(gates[..., 1])
 
     def _query(self, x: torch.Tensor) -> torch.Tensor:
-        return F.elu(_per_head_linear(x, self.w_query, None)) + 1
+        return F.elu(per_head_linear(x, self.w_query, None)) + 1
 
     def _readout(self, x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
         """``x (..., 2D)`` and the raw read ``(..., dv + 1)`` → ``rhat (...)``."""

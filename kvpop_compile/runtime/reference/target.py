@@ -22,8 +22,9 @@ import torch
 from .attention import query_group
 
 
-def _log_counts(n: int, window: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log N_t`` (0 where undefined) and the validity mask ``N_t > 0``, each ``(N,)``."""
+def log_future_counts(n: int, window: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log N_t`` (0 where undefined) and the validity mask ``N_t > 0``, each ``(N,)``:
+    ``N_t = N - t - W`` queries attend to token ``t`` after it leaves the window."""
     future = n - window - torch.arange(n, device=device)
     valid = future > 0
     return torch.log(future.clamp(min=1).float()), valid
@@ -56,7 +57,7 @@ def future_attention_target_dense(
     query = torch.arange(n, device=q.device)
     future = query[:, None] >= query[None, :] + window  # (d, t)
     received = (probs * future).sum(dim=-2)  # (B, Hkv, G, N)
-    log_count, valid = _log_counts(n, window, q.device)
+    log_count, valid = log_future_counts(n, window, q.device)
     log_mean = torch.log(received.amax(dim=2)) - log_count
     return torch.where(valid, log_mean, torch.zeros_like(log_mean)), valid
 
@@ -75,7 +76,7 @@ def future_attention_target(
     Args:
         q: ``(B, Hq, N, D)`` queries after RoPE; k: ``(B, Hkv, N, D)`` keys after RoPE.
         lse: ``(B, Hq, N)`` each query's log-sum-exp of its scaled causal scores (the forward
-            attention's, e.g. from :func:`~kvpop_compile.runtime.attention.masked_attention`).
+            attention's, e.g. from :func:`.attention.masked_attention`).
         window: the delay W: only queries ``d >= t + W`` count for key ``t``.
         block: queries per block.
 
@@ -106,6 +107,6 @@ def future_attention_target(
         future = query_pos[None, :] >= key_pos[:keys_seen, None] + window  # (T, block)
         block_sum = torch.logsumexp(log_p.masked_fill(~future, -math.inf), dim=-1)
         received[..., :keys_seen] = torch.logaddexp(received[..., :keys_seen], block_sum)
-    log_count, valid = _log_counts(n, window, q.device)
+    log_count, valid = log_future_counts(n, window, q.device)
     log_mean = received.amax(dim=2) - log_count
     return torch.where(valid, log_mean, torch.zeros_like(log_mean)), valid

@@ -1,5 +1,8 @@
 """The KVpop eviction rule, streaming and parallel (DESIGN §2). Plain PyTorch, no Triton.
 
+A token's priority is ``pi_t = rhat_t + lam * t`` (:func:`token_priority`, the one place it is
+computed).
+
 Priorities are static, so the pool at step ``i`` is the running top-K of the tokens
 ``[sinks, i - window]`` that have left the window. A token once evicted never returns, so its
 whole history is one integer, the eviction step ``e_t``: query ``i`` sees key ``t`` iff
@@ -20,11 +23,27 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import require_int
+from ...config import require_int
 
 # Position given to an empty pool slot when looking for the weakest entry: larger than any real
 # position, so among entries of priority -inf an empty slot is the one chosen.
 EMPTY_SLOT_POSITION = torch.iinfo(torch.int64).max
+
+
+def token_priority(
+    score: torch.Tensor, lam: float, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Priorities ``score + lam * position`` in float32, higher = kept (DESIGN §2).
+
+    Args:
+        score: ``(..., N)`` the scorer's ``rhat`` (or the target's log attention).
+        lam: the temporal decay ``>= 0`` (``KVpopConfig.lam``).
+        positions: token positions broadcastable to ``score`` (int64 or float); ``None``:
+            ``0 .. N-1`` along the last dim (a sequence from its start).
+    """
+    if positions is None:
+        positions = torch.arange(score.shape[-1], device=score.device, dtype=torch.float32)
+    return score.float() + lam * positions.float()
 
 
 def _check_budget(sinks: int, window: int, topk: int) -> None:
@@ -165,11 +184,14 @@ def eviction_steps(priority: torch.Tensor, *, sinks: int, window: int, topk: int
     """
     _check_budget(sinks, window, topk)
     _check_priority(priority)
-    return _eviction_steps(priority, sinks, window, topk)
+    return unchecked_eviction_steps(priority, sinks, window, topk)
 
 
-def _eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -> torch.Tensor:
-    """:func:`eviction_steps` without input checks (traceable: no data-dependent Python)."""
+def unchecked_eviction_steps(
+    priority: torch.Tensor, sinks: int, window: int, topk: int
+) -> torch.Tensor:
+    """:func:`eviction_steps` without input checks (traceable: no data-dependent Python), for
+    the op and the kernel's closed forms, whose callers have checked the budget."""
     n = priority.shape[-1]
     steps = torch.full(priority.shape, n, dtype=torch.int64, device=priority.device)
     first = min(sinks, n)
@@ -254,6 +276,13 @@ def running_topk_boundary(
     """
     _check_budget(sinks, window, topk)
     _check_priority(priority)
+    return unchecked_running_topk_boundary(priority, sinks, window, topk)
+
+
+def unchecked_running_topk_boundary(
+    priority: torch.Tensor, sinks: int, window: int, topk: int
+) -> BoundaryDecisions:
+    """:func:`running_topk_boundary` without input checks (traceable), for the op."""
     *lead, n = priority.shape
     device = priority.device
     first = min(sinks, n)

@@ -1,10 +1,12 @@
-"""insert_future_attention_target: turn a captured attention into a scorer-training step.
+"""insert_future_attention_target: turn a captured attention into scorer training's teacher.
 
 The teacher keeps full causal attention, computed by ``kvpop::masked_attention`` so that each
-query's log-sum-exp comes out with the output. After every attention site the pass inserts
+query's log-sum-exp comes out with the output. After the attention site the pass inserts
 ``kvpop::future_attention_target`` (the transposed-attention pass: keys as queries, O(N d)
-memory, never an N x N map) and a :class:`ScorerLoss` call on the layer's pre-RoPE keys and
-values. The graph then returns ``(attention output, loss, ranking accuracy)``.
+memory, never an N x N map). The graph then returns ``(attention output, pre-RoPE keys,
+values, log target, valid)``: the output the model continues with, and what the layer's
+:class:`~kvpop_compile.training.scorer_loss.ScorerLoss` takes, which the training objective
+owns (so the pass, like every pass, depends on the ``KVpopConfig`` alone).
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ import operator
 import torch
 from torch.fx import GraphModule
 
-from ..config import KVpopConfig
-from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
-from ..runtime.scorer_loss import ScorerLoss
-from ..runtime.scorers import build_scorer
-from .insert_scorer import find_pre_rope
-from .replace_attention import NoAttentionFoundError, find_attention
+from ...config import KVpopConfig
+from ...passes.insert_scorer import find_pre_rope
+from ...passes.replace_attention import NoAttentionFoundError, find_attention
+from ...runtime import ops  # noqa: F401  (registers the kvpop ops)
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +29,7 @@ TEACHER_BLOCK = 128
 TARGET_BLOCK = 64
 
 
-def insert_future_attention_target(
-    gm: GraphModule, config: KVpopConfig, *, loss: str = "boundary", tau: float = 1.0
-) -> GraphModule:
+def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> GraphModule:
     matches = [m for m in map(find_attention, gm.graph.nodes) if m is not None]
     if not matches:
         raise NoAttentionFoundError(
@@ -47,10 +45,6 @@ def insert_future_attention_target(
             "the attention's keys do not come from a rotary embedding; KVpop scorers need the "
             "pre-RoPE keys"
         )
-    _, kv_heads, _, head_dim = match.key.meta["val"].shape
-    layer = getattr(gm, "kvpop_layer_idx", 0)
-    scorer = build_scorer(config, int(kv_heads), int(head_dim), layer)
-    gm.add_submodule("kvpop_scorer_loss", ScorerLoss(scorer, config, loss, tau))
     graph = gm.graph
     kvpop = torch.ops.kvpop
     with graph.inserting_before(match.output):
@@ -66,16 +60,14 @@ def insert_future_attention_target(
         )
         log_target = graph.call_function(operator.getitem, (target, 0))
         valid = graph.call_function(operator.getitem, (target, 1))
-        scored = graph.call_module("kvpop_scorer_loss", (raw_key, match.value, log_target, valid))
-        loss_node = graph.call_function(operator.getitem, (scored, 0))
-        accuracy = graph.call_function(operator.getitem, (scored, 1))
     out.meta = dict(match.output.meta)
     match.output.replace_all_uses_with(out)
     graph.erase_node(match.output)
     output = next(n for n in graph.nodes if n.op == "output")
     (results,) = output.args
-    output.args = ((*results, loss_node, accuracy),)
-    logger.info("insert_future_attention_target: inserted 1 target and 1 loss (layer %d)", layer)
+    output.args = ((*results, raw_key, match.value, log_target, valid),)
+    layer = getattr(gm, "kvpop_layer_idx", 0)
+    logger.info("insert_future_attention_target: inserted 1 target (layer %d)", layer)
     graph.lint()
     gm.recompile()
     return gm

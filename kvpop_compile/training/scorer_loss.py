@@ -12,14 +12,15 @@ import torch
 from torch import nn
 
 from ..config import KVpopConfig
-from .loss import (
+from ..runtime.reference.eviction import token_priority
+from ..runtime.scorers.base import Scorer
+from .losses import (
     boundary_accuracy,
     boundary_decisions,
     boundary_loss,
     quantile_bce_loss,
     regression_loss,
 )
-from .scorers import Scorer
 
 
 class LossKind(str, Enum):
@@ -41,8 +42,7 @@ class ScorerLoss(nn.Module):
     def forward(self, raw_k, v, log_target, valid):
         config = self.config
         rhat, _ = self.scorer.score_sequence(raw_k, v, config.window)
-        positions = torch.arange(rhat.shape[-1], device=rhat.device, dtype=torch.float32)
-        priority = rhat + config.lam * positions
+        priority = token_priority(rhat, config.lam)
         with torch.no_grad():
             decisions = boundary_decisions(
                 log_target, sinks=config.sinks, window=config.window, topk=config.topk,

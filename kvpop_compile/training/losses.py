@@ -12,28 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .dispatch import use_triton
-from .eviction import BoundaryDecisions, beats, running_topk_boundary
-
-
-def target_priority(log_target: torch.Tensor, lam: float) -> torch.Tensor:
-    """Target priorities ``r_t + lam * t`` from ``log_target (..., N)``."""
-    n = log_target.shape[-1]
-    return log_target.float() + lam * torch.arange(n, device=log_target.device, dtype=torch.float32)
+from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
+from ..runtime.reference.eviction import BoundaryDecisions, beats, token_priority
 
 
 def boundary_decisions(
     log_target: torch.Tensor, *, sinks: int, window: int, topk: int, lam: float
 ) -> BoundaryDecisions:
     """The target policy's keep-or-drop decision at every query (running top-k on
-    ``r_t + lam * t``). Tokens without a target never take part: they are still in the window
-    at the last query. Runs the Triton kernel on CUDA."""
-    priority = target_priority(log_target, lam)
-    if use_triton(priority):
-        from .kernels import running_topk_boundary as running_topk_boundary_kernel
-
-        return running_topk_boundary_kernel(priority, sinks, window, topk)
-    return running_topk_boundary(priority, sinks=sinks, window=window, topk=topk)
+    ``r_t + lam * t``, ``kvpop::running_topk_boundary``). Tokens without a target never take
+    part: they are still in the window at the last query."""
+    priority = token_priority(log_target, lam)
+    decisions = torch.ops.kvpop.running_topk_boundary(priority, sinks, window, topk)
+    return BoundaryDecisions(*decisions)
 
 
 def _pair(pred_priority: torch.Tensor, decisions: BoundaryDecisions):

@@ -1,0 +1,207 @@
+"""``decode_step``: one token through a layer's bounded cache, in place (DESIGN §5).
+
+The decode step is split into the pieces a compiled graph carries as separate ops — read the
+token leaving the window, evict, write the new token, attend — each written without ``.item()``
+or a Python branch on data, so one traced step serves every step. Its counterpart for ``L``
+tokens at once is :func:`~.chunk_step.chunk_step`, with the same contract: ``L`` decode steps
+and one chunk step leave the same cache and return the same outputs (to float rounding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import KVpopConfig
+from . import ops  # noqa: F401  (registers the kvpop ops)
+from .cache import BoundedCacheState
+from .reference.attention import query_group
+from .reference.evict import window_slot
+from .reference.eviction import token_priority
+from .scorers.attention_fed import AttentionFedScorer
+from .scorers.base import Scorer
+
+
+@dataclass
+class LeavingToken:
+    """The token whose window slot the new token takes: all ``(B, H, ...)``."""
+
+    slot: torch.Tensor  # (B,) int64 cache slot of the window ring entry, per row
+    ring: torch.Tensor  # (B,) int64 index in the window ring
+    key: torch.Tensor  # (B, H, D) after RoPE
+    raw_key: torch.Tensor  # (B, H, D) before RoPE (scorer input)
+    value: torch.Tensor  # (B, H, D)
+    position: torch.Tensor  # (B, H) int64, -1 when the ring slot is still empty
+    statistic: torch.Tensor  # (B, H) float32 attention statistic (attention-fed scorers)
+
+
+def gather_slots(tensor: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Entries ``slots (B, n)`` along dim 2 of ``tensor (B, H, C, ...)``, the same for every
+    head: ``(B, H, n, ...)``."""
+    index = slots.view(*slots.shape[:1], 1, slots.shape[-1], *([1] * (tensor.dim() - 3)))
+    return tensor.gather(2, index.expand(-1, tensor.shape[1], -1, *tensor.shape[3:]))
+
+
+def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken:
+    """The window ring entry each row's next token overwrites: token ``seen - window`` once the
+    window is full (and it is not a sink), otherwise an empty slot (``position == -1``)."""
+    ring, slot = window_slot(state.seen, config.sinks, config.topk, config.window)
+    at_slot = slot.view(-1, 1)
+
+    def select(tensor: torch.Tensor, index: torch.Tensor = at_slot) -> torch.Tensor:
+        return gather_slots(tensor, index).squeeze(2)
+
+    statistic = (
+        select(state.statistic)
+        if state.statistic.shape[-1]
+        else torch.zeros_like(state.positions[..., 0], dtype=torch.float32)
+    )
+    return LeavingToken(
+        slot=slot,
+        ring=ring,
+        key=select(state.keys),
+        raw_key=select(state.window_keys, ring.view(-1, 1)),
+        value=select(state.values),
+        position=select(state.positions),
+        statistic=statistic,
+    )
+
+
+def evict_(
+    state: BoundedCacheState, leaving: LeavingToken, priority: torch.Tensor, config: KVpopConfig
+) -> None:
+    """Move the leaving token into the pool if it beats the pool's weakest entry
+    (``kvpop::evict``; ``priority (B, H)``). A free slot is always taken."""
+    torch.ops.kvpop.evict(
+        state.keys, state.values, state.positions, state.priorities, state.statistic,
+        leaving.key, leaving.value, leaving.position, leaving.statistic, priority,
+        config.sinks, config.topk,
+    )  # fmt: skip
+
+
+def write_token_(
+    state: BoundedCacheState,
+    key: torch.Tensor,
+    raw_key: torch.Tensor,
+    value: torch.Tensor,
+    config: KVpopConfig,
+) -> None:
+    """Write the new token (``(B, H, 1, D)`` each) at position ``seen``: a sink slot for
+    ``seen < sinks``, otherwise the ring slot the leaving token vacated (``kvpop::write_token``)."""
+    torch.ops.kvpop.write_token(
+        state.keys, state.values, state.positions, state.window_keys, state.statistic,
+        state.seen, key, raw_key, value, config.sinks, config.topk, config.window,
+    )  # fmt: skip
+
+
+def _refresh_attention_priorities(
+    state: BoundedCacheState, scorer: AttentionFedScorer, probs: torch.Tensor, config: KVpopConfig
+) -> None:
+    """Fold this step's attention ``probs (B, H, group, C)`` into the per-slot statistic and
+    re-derive the pool priorities from it (attention-fed scorers change every step)."""
+    state.statistic.copy_(scorer.observe(state.statistic, probs.mean(dim=2)))
+    pool = slice(config.sinks, config.sinks + config.topk)
+    pool_positions = state.positions[..., pool]
+    priority = token_priority(state.statistic[..., pool], config.lam, pool_positions)
+    empty = torch.full_like(priority, float("-inf"))
+    state.priorities.copy_(torch.where(pool_positions >= 0, priority, empty))
+
+
+def check_inputs(state, q, k, raw_k, v):
+    """Validate the shapes of a step's inputs; return ``k, raw_k, v`` in the cache's dtype.
+
+    Both steps must score the same numbers: decode scores a leaving token from the cache's
+    copies, so a chunk step must see keys and values rounded to the cache's dtype too."""
+    if q.dim() != 4 or k.shape != raw_k.shape or k.shape != v.shape or k.dim() != 4:
+        raise ValueError(
+            "expected q (B, Hq, N, D) and k, raw_k, v of one shape (B, Hkv, N, D); got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, raw_k {tuple(raw_k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    query_group(q.shape[1], k.shape[1])
+    expected = (state.keys.shape[0], state.keys.shape[1], state.keys.shape[3])
+    got = (k.shape[0], k.shape[1], k.shape[3])
+    if got != expected or q.shape[2] != k.shape[2] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"inputs of (batch, kv_heads, head_dim) {got} and q {tuple(q.shape)} do not match "
+            f"the cache's {expected}"
+        )
+    return tuple(x.to(state.keys.dtype) for x in (k, raw_k, v))
+
+
+@torch.no_grad()
+def decode_step(
+    state: BoundedCacheState,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    raw_k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scorer: Scorer,
+    config: KVpopConfig,
+    scale: float,
+) -> torch.Tensor:
+    """One token through the bounded cache, in place.
+
+    Args:
+        state: the layer's cache; row ``b``'s new token has position ``state.seen[b]``.
+        q: ``(B, Hq, 1, D)`` query after RoPE.
+        k, raw_k, v: ``(B, Hkv, 1, D)`` key after RoPE, key before RoPE, value.
+
+    Returns:
+        ``(B, Hq, 1, D)`` attention output over sinks + pool + window (the new token included).
+    """
+    k, raw_k, v = check_inputs(state, q, k, raw_k, v)
+    if q.shape[2] != 1:
+        raise ValueError(f"decode_step takes one token, got {q.shape[2]}; use chunk_step")
+    attention_fed = isinstance(scorer, AttentionFedScorer)
+    if not attention_fed:
+        state.scorer_state.copy_(
+            scorer.update_state(state.scorer_state, raw_k[:, :, 0], v[:, :, 0])
+        )
+    leaving = leaving_token(state, config)
+    if attention_fed:
+        rhat = leaving.statistic
+    else:
+        rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
+    evict_(state, leaving, token_priority(rhat, config.lam, leaving.position), config)
+    write_token_(state, k, raw_k, v, config)
+    out, probs = torch.ops.kvpop.decode_attention(
+        q, state.keys, state.values, state.positions, scale, attention_fed
+    )
+    if attention_fed:
+        _refresh_attention_priorities(state, scorer, probs, config)
+    state.seen.add_(1)
+    return out
+
+
+@torch.no_grad()
+def decode_tokens(
+    state: BoundedCacheState,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    raw_k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scorer: Scorer,
+    config: KVpopConfig,
+    scale: float,
+) -> torch.Tensor:
+    """N tokens through :func:`decode_step`, one after another (the streaming oracle of
+    :func:`~.chunk_step.chunk_step`, and the chunk step of attention-fed scorers): ``q (B, Hq,
+    N, D)``, ``k, raw_k, v (B, Hkv, N, D)`` → ``(B, Hq, N, D)``."""
+    steps = [
+        decode_step(
+            state,
+            q[:, :, i : i + 1],
+            k[:, :, i : i + 1],
+            raw_k[:, :, i : i + 1],
+            v[:, :, i : i + 1],
+            scorer=scorer,
+            config=config,
+            scale=scale,
+        )
+        for i in range(q.shape[2])
+    ]
+    return torch.cat(steps, dim=2) if steps else torch.empty_like(q)
