@@ -1,0 +1,144 @@
+"""Which target a policy should imitate: oracle policies on the embedded model's recall items.
+
+    python benchmarks/recall_oracles.py                    # 8 held-out items per task, 2048 bytes
+    python benchmarks/recall_oracles.py --items 2 --tasks lookup --out /tmp/oracles.md
+
+Each oracle fills the pool (88% compression: 4 sinks + 64 window + 188 pool) by a score known
+only in hindsight, computed per item from the full model's attention maps, so what it answers
+is the best a scorer trained against that score can hope for:
+
+- ``mean target``: the training target of the design, ``log max_g mean_{d >= t + W} p_{d->t}``;
+- ``max target``: the same with the max over later queries (``train_scorer(target="max")``);
+- ``definition``: the line that holds the answer (and the 16 bytes before it), in every head.
+
+Next to them: full attention and the ``window`` heuristic at the same budget. Exact-match
+answers under the prefill protocol; writes a markdown table to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from kvpop_compile.atomic import atomic_write  # noqa: E402
+from kvpop_compile.embedded import load_embedded_model  # noqa: E402
+from kvpop_compile.embedded.corpus import encode  # noqa: E402
+from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noqa: E402
+from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, Method, build_model  # noqa: E402
+from kvpop_compile.evaluation.recall import RECALL_SEED, greedy_answers  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "recall_oracles.md"
+LEAD = 16  # bytes before the definition's line that the definition oracle keeps too
+
+
+def future_attention(model, ids: torch.Tensor, aggregate: str) -> list[torch.Tensor]:
+    """Per layer, ``(Hkv, N)`` log of the attention each key receives from the queries at least
+    ``WINDOW`` after it (mean or max over them, max over the KV head's query heads), from the
+    full model's dense attention maps ``(Hq, N, N)``."""
+    with torch.no_grad():
+        maps = model(ids, output_attentions=True).attentions
+    n = ids.shape[1]
+    keys = torch.arange(n)
+    first = (keys + WINDOW).clamp(max=n - 1)  # the first query that counts for each key
+    scores = []
+    for attention in maps:
+        probs = attention[0]  # (Hq, N queries, N keys)
+        later = probs.flip(1)
+        later = later.cummax(1).values if aggregate == "max" else later.cumsum(1)
+        received = later.flip(1)[:, first, keys]  # over queries d >= t + W
+        if aggregate == "mean":
+            received = received / (n - keys - WINDOW).clamp(min=1)
+        kv_heads = model.config.num_key_value_heads
+        received = received.view(kv_heads, -1, n).amax(dim=1)
+        scores.append(received.clamp_min(1e-30).log())
+    return scores
+
+
+def definition_scores(item: RecallItem, layers: int, kv_heads: int) -> list[torch.Tensor]:
+    """Per layer, ``(Hkv, N)``: 1 on the definition's line and the bytes just before it."""
+    at = item.prompt.find(item.answer)
+    start = max(0, item.prompt.rfind(b"\n", 0, at) + 1 - LEAD)
+    end = at + len(item.answer) + 1
+    score = torch.zeros(kv_heads, len(item.prompt) + len(item.answer))
+    score[:, start:end] = 1.0
+    return [score] * layers
+
+
+def install(policy_model, per_layer: list[torch.Tensor]) -> None:
+    """Make every layer's scorer return ``per_layer[layer][head, position]``: the oracle's
+    score of the token leaving the window (a ``window`` model's scorer, whose own score is
+    its position, is the only thing replaced)."""
+    for layer, scores in zip(policy_model.model.layers, per_layer, strict=True):
+
+        def score_tokens(k, v, position, scores=scores):
+            heads = torch.arange(scores.shape[0]).view(1, -1, *([1] * (k.dim() - 3)))
+            index = position.clamp(0, scores.shape[1] - 1)
+            return scores[heads, index].expand(k.shape[:-1]).float()
+
+        layer.self_attn.scorer.score_tokens = score_tokens
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="model folder (default: the embedded one)")
+    parser.add_argument("--items", type=int, default=8, help="held-out items per task")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_embedded_model(path=args.model)
+    model.config._attn_implementation = "eager"  # attention maps for the oracles' scores
+    budget = "88%"
+    window_model = build_model(model, Method("window", budget))
+    oracle_model = build_model(model, Method("window", budget))
+    layers, kv_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
+    rows = ["full attention", "window", "mean target", "max target", "definition"]
+    right = {row: {} for row in rows}
+    for task in args.tasks.split(","):
+        items = recall_items("held_out", task, 2048, args.items, RECALL_SEED)
+        for row in rows:
+            right[row][task] = 0
+        for item in items:
+            ids = encode(item.prompt + item.answer)[None, :-1]
+            oracles = {
+                "mean target": future_attention(model, ids, "mean"),
+                "max target": future_attention(model, ids, "max"),
+                "definition": definition_scores(item, layers, kv_heads),
+            }
+            for row in rows:
+                if row in oracles:
+                    install(oracle_model, oracles[row])
+                runner = {"full attention": model, "window": window_model}.get(row, oracle_model)
+                answer, _ = greedy_answers(runner, [item], "prefill")
+                right[row][task] += bytes(answer[0].tolist()) == item.answer
+            print(task, {row: right[row][task] for row in rows}, flush=True)
+    tasks = list(right["window"])
+    lines = [
+        f"# Oracle policies on held-out recall items ({args.items} per task, 2048 bytes, "
+        f"{BUDGETS[budget]} tokens kept: {budget} compression)",
+        "",
+        "Exact answers. An oracle fills the pool by a score known in hindsight (see "
+        "`benchmarks/recall_oracles.py`).",
+        "",
+        "| policy | " + " | ".join(tasks) + " | all |",
+        "|---|" + "---|" * (len(tasks) + 1),
+    ]
+    for row in rows:
+        total = sum(right[row].values())
+        cells = " | ".join(f"{right[row][t]}/{args.items}" for t in tasks)
+        lines.append(f"| {row} | {cells} | {total}/{args.items * len(tasks)} |")
+    text = "\n".join(lines) + "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.out, lambda tmp: Path(tmp).write_text(text))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
