@@ -1,28 +1,14 @@
-"""FX graph passes, one per file, each ``(gm: GraphModule, config) -> GraphModule``.
-
-:data:`PASSES` is the order the inference rewrite runs in; :func:`run_passes` applies it.
-Training uses ``insert_future_attention_target`` (scorer training) and
-``replace_attention_for_distillation`` (the distillation student), each followed by
-``remove_dead_code``, composed in :mod:`kvpop_compile.training.objectives`.
+"""FX graph passes, one per file, each ``(gm: GraphModule, config) -> GraphModule``: exactly the
+passes of the inference rewrite, whose order :data:`PASSES` (:mod:`.pipeline`) gives, with the
+matching and clean-up helpers they share in :mod:`.pass_utils`. The training passes are in
+:mod:`kvpop_compile.training.passes`.
 """
 
-from __future__ import annotations
-
-from torch.fx import GraphModule
-
-from ..config import KVpopConfig
 from .insert_scorer import insert_scorer
+from .pass_utils import NoAttentionFoundError
+from .pipeline import PASSES, run_passes
 from .remove_dead_code import remove_dead_code
-from .replace_attention import NoAttentionFoundError, replace_attention
-
-PASSES = [replace_attention, insert_scorer, remove_dead_code]
-
-
-def run_passes(gm: GraphModule, config: KVpopConfig) -> GraphModule:
-    for graph_pass in PASSES:
-        gm = graph_pass(gm, config)
-    return gm
-
+from .replace_attention import replace_attention
 
 __all__ = [
     "PASSES",

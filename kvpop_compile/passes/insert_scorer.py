@@ -16,59 +16,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
 from torch.fx import GraphModule, Node
 
 from ..config import KVpopConfig
 from ..runtime.bounded_attention import BoundedAttention
 from ..runtime.scorers.registry import build_scorer
+from .pass_utils import aten, clean_up, is_call, pre_rope_key, skip_casts
 
 logger = logging.getLogger(__name__)
-aten = torch.ops.aten
-
-
-def _is_call(node: object, target) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and node.target is target
-
-
-def _rotated_half_of(node: Node) -> Node | None:
-    """``x`` if ``node`` is ``cat([-x[..., d/2:], x[..., :d/2]])``."""
-    if not _is_call(node, aten.cat.default):
-        return None
-    parts = node.args[0]
-    if len(parts) != 2 or not _is_call(parts[0], aten.neg.default):
-        return None
-    upper, lower = parts[0].args[0], parts[1]
-    if not (_is_call(upper, aten.slice.Tensor) and _is_call(lower, aten.slice.Tensor)):
-        return None
-    if upper.args[0] is not lower.args[0]:
-        return None
-    return upper.args[0]
-
-
-def find_pre_rope(key: Node) -> Node | None:
-    """The tensor that RoPE rotated into ``key``, if ``key`` is ``x * cos + rotate_half(x) *
-    sin`` (either operand order)."""
-    if not _is_call(key, aten.add.Tensor):
-        return None
-    terms = [t for t in key.args if _is_call(t, aten.mul.Tensor)]
-    if len(terms) != 2:
-        return None
-    for plain, rotated in (terms, terms[::-1]):
-        for factor in rotated.args:
-            source = _rotated_half_of(factor) if isinstance(factor, Node) else None
-            if source is not None and source in plain.args:
-                return source
-    return None
-
-
-_CASTS = (aten.to.dtype, aten._to_copy.default)
-
-
-def _skip_casts(node: object) -> object:
-    while isinstance(node, Node) and node.op == "call_function" and node.target in _CASTS:
-        node = node.args[0]
-    return node
 
 
 @dataclass
@@ -80,44 +35,44 @@ class RMSNormMatch:
     eps: float
 
 
-def find_rms_norm(node: Node) -> RMSNormMatch | None:
+def _find_rms_norm(node: Node) -> RMSNormMatch | None:
     """The RMSNorm that ``node`` is the output of (casts around its parts allowed), as
     transformers' ``Qwen3RMSNorm`` traces."""
-    if not _is_call(node, aten.mul.Tensor):
+    if not is_call(node, aten.mul.Tensor):
         return None
     weights = [a for a in node.args if isinstance(a, Node) and a.op == "get_attr"]
     if len(weights) != 1:
         return None
     weight = weights[0]
-    scaled = _skip_casts(node.args[1] if node.args[0] is weight else node.args[0])
-    if not _is_call(scaled, aten.mul.Tensor) or len(scaled.args) != 2:
+    scaled = skip_casts(node.args[1] if node.args[0] is weight else node.args[0])
+    if not is_call(scaled, aten.mul.Tensor) or len(scaled.args) != 2:
         return None
     for source, inverse in (scaled.args, scaled.args[::-1]):
-        if not _is_call(inverse, aten.rsqrt.default):
+        if not is_call(inverse, aten.rsqrt.default):
             continue
         shifted = inverse.args[0]
-        if not (_is_call(shifted, aten.add.Tensor) and isinstance(shifted.args[1], float)):
+        if not (is_call(shifted, aten.add.Tensor) and isinstance(shifted.args[1], float)):
             continue
         mean = shifted.args[0]
-        if not (_is_call(mean, aten.mean.dim) and list(mean.args[1]) == [-1]):
+        if not (is_call(mean, aten.mean.dim) and list(mean.args[1]) == [-1]):
             continue
         square = mean.args[0]
-        if _is_call(square, aten.pow.Tensor_Scalar) and square.args == (source, 2):
-            return RMSNormMatch(_skip_casts(source), weight, shifted.args[1])
+        if is_call(square, aten.pow.Tensor_Scalar) and square.args == (source, 2):
+            return RMSNormMatch(skip_casts(source), weight, shifted.args[1])
     return None
 
 
-def find_key_before_norm(raw_key: Node) -> RMSNormMatch | None:
+def _find_key_before_norm(raw_key: Node) -> RMSNormMatch | None:
     """The key norm behind ``raw_key`` if ``raw_key`` is ``rms_norm(x).transpose(1, 2)`` (as
     Qwen3's ``k_norm`` on ``(B, N, Hkv, D)`` keys)."""
-    if not _is_call(raw_key, aten.transpose.int) or sorted(raw_key.args[1:]) != [1, 2]:
+    if not is_call(raw_key, aten.transpose.int) or sorted(raw_key.args[1:]) != [1, 2]:
         return None
-    return find_rms_norm(raw_key.args[0])
+    return _find_rms_norm(raw_key.args[0])
 
 
 def _feed_key_before_norm(gm: GraphModule, raw_key: Node, scorer, layer_idx: int) -> Node:
     """The ``(B, Hkv, N, D)`` node of the keys before the norm; tells ``scorer`` the norm."""
-    norm = find_key_before_norm(raw_key)
+    norm = _find_key_before_norm(raw_key)
     if norm is None:
         raise ValueError(
             f"layer {layer_idx}: the {type(scorer).__name__} reads keys before the key norm, but "
@@ -144,12 +99,7 @@ def insert_scorer(gm: GraphModule, config: KVpopConfig) -> GraphModule:
         if not isinstance(module, BoundedAttention) or module.scorer is not None:
             continue
         query, key, value, *state = node.args
-        raw_key = find_pre_rope(key)
-        if raw_key is None:
-            raise ValueError(
-                f"layer {module.layer_idx}: the attention's keys do not come from a rotary "
-                "embedding (k * cos + rotate_half(k) * sin); KVpop scorers need the pre-RoPE keys"
-            )
+        raw_key = pre_rope_key(key, module.layer_idx)
         _, kv_heads, _, head_dim = key.meta["val"].shape
         scorer = build_scorer(config, int(kv_heads), int(head_dim), module.layer_idx)
         module.scorer = scorer.to(key.meta["val"].device)
@@ -158,7 +108,4 @@ def insert_scorer(gm: GraphModule, config: KVpopConfig) -> GraphModule:
         node.args = (query, key, value, raw_key, *state)
         inserted += 1
     logger.info("insert_scorer: inserted %d scorer(s)", inserted)
-    if inserted:
-        gm.graph.lint()
-        gm.recompile()
-    return gm
+    return clean_up(gm, changed=inserted > 0)

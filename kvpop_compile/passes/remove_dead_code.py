@@ -7,6 +7,7 @@ import logging
 from torch.fx import GraphModule, Node
 
 from ..config import KVpopConfig
+from .pass_utils import clean_up
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,4 @@ def remove_dead_code(gm: GraphModule, config: KVpopConfig) -> GraphModule:
     gm.graph.eliminate_dead_code(is_impure_node=_has_effects)
     removed = before - len(gm.graph.nodes)
     logger.info("remove_dead_code: removed %d node(s)", removed)
-    if removed:
-        gm.graph.lint()
-        gm.recompile()
-    return gm
+    return clean_up(gm, changed=removed > 0)

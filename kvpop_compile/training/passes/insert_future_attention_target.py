@@ -18,8 +18,7 @@ import torch
 from torch.fx import GraphModule
 
 from ...config import KVpopConfig
-from ...passes.insert_scorer import find_pre_rope
-from ...passes.replace_attention import NoAttentionFoundError, find_attention
+from ...passes.pass_utils import clean_up, find_one_attention, pre_rope_key
 from ...runtime import ops  # noqa: F401  (registers the kvpop ops)
 
 logger = logging.getLogger(__name__)
@@ -30,21 +29,9 @@ TARGET_BLOCK = 64
 
 
 def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> GraphModule:
-    matches = [m for m in map(find_attention, gm.graph.nodes) if m is not None]
-    if not matches:
-        raise NoAttentionFoundError(
-            "no attention found in the graph: expected aten.scaled_dot_product_attention or an "
-            "eager matmul -> softmax -> matmul attention (as in Qwen3 and Qwen3-MoE)"
-        )
-    if len(matches) != 1:
-        raise ValueError(f"expected one attention per captured graph, found {len(matches)}")
-    match = matches[0]
-    raw_key = find_pre_rope(match.key)
-    if raw_key is None:
-        raise ValueError(
-            "the attention's keys do not come from a rotary embedding; KVpop scorers need the "
-            "pre-RoPE keys"
-        )
+    layer = getattr(gm, "kvpop_layer_idx", 0)
+    match = find_one_attention(gm)
+    raw_key = pre_rope_key(match.key, layer)
     graph = gm.graph
     kvpop = torch.ops.kvpop
     with graph.inserting_before(match.output):
@@ -66,8 +53,5 @@ def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> Grap
     output = next(n for n in graph.nodes if n.op == "output")
     (results,) = output.args
     output.args = ((*results, raw_key, match.value, log_target, valid),)
-    layer = getattr(gm, "kvpop_layer_idx", 0)
     logger.info("insert_future_attention_target: inserted 1 target (layer %d)", layer)
-    graph.lint()
-    gm.recompile()
-    return gm
+    return clean_up(gm, changed=True)

@@ -14,21 +14,15 @@ import logging
 from torch.fx import GraphModule
 
 from ...config import KVpopConfig
-from ...passes.insert_scorer import find_pre_rope
-from ...passes.replace_attention import NoAttentionFoundError, find_attention
+from ...passes.pass_utils import clean_up, find_one_attention, pre_rope_key
 from ..student_attention import StudentAttention
 
 logger = logging.getLogger(__name__)
 
 
 def replace_attention_for_distillation(gm: GraphModule, config: KVpopConfig) -> GraphModule:
-    matches = [m for m in map(find_attention, gm.graph.nodes) if m is not None]
-    if len(matches) != 1:
-        raise NoAttentionFoundError(f"expected one attention in the graph, found {len(matches)}")
-    match = matches[0]
-    raw_key = find_pre_rope(match.key)
-    if raw_key is None:
-        raise ValueError("the attention's keys do not come from a rotary embedding")
+    match = find_one_attention(gm)
+    raw_key = pre_rope_key(match.key, getattr(gm, "kvpop_layer_idx", 0))
     gm.add_submodule("kvpop_student_attention", StudentAttention(config, match.scale))
     with gm.graph.inserting_before(match.output):
         student = gm.graph.call_module(
@@ -38,6 +32,4 @@ def replace_attention_for_distillation(gm: GraphModule, config: KVpopConfig) -> 
     match.output.replace_all_uses_with(student)
     gm.graph.erase_node(match.output)
     logger.info("replace_attention_for_distillation: rewrote 1 attention site")
-    gm.graph.lint()
-    gm.recompile()
-    return gm
+    return clean_up(gm, changed=True)
