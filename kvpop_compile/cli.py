@@ -14,6 +14,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .embedded.recall import CONTEXT_LENGTHS
+from .evaluation.recall import RECALL_PROTOCOLS
+
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``prog: message``), like the library's."""
@@ -101,6 +104,26 @@ def _methods(text: str) -> tuple[str, ...]:
                 f"unknown method {method!r}; choose from {', '.join(METHODS)}"
             )
     return methods
+
+
+def _choices(allowed: tuple, kind: Callable) -> Callable[[str], tuple]:
+    """argparse type: a comma-separated subset of ``allowed``, each read with ``kind``."""
+
+    def parse(text: str) -> tuple:
+        chosen = []
+        for item in text.split(","):
+            try:
+                value = kind(item.strip())
+            except ValueError:
+                value = None
+            if value not in allowed:
+                raise argparse.ArgumentTypeError(
+                    f"{item.strip()!r} is not one of {', '.join(map(str, allowed))}"
+                )
+            chosen.append(value)
+        return tuple(chosen)
+
+    return parse
 
 
 def _device(text: str) -> str:
@@ -253,7 +276,10 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
     from .evaluation.recall import RecallSettings
     from .evaluation.recall_report import evaluate_recall
 
-    settings = RecallSettings(items=args.recall_items, batch=args.batch)
+    settings = RecallSettings(
+        items=args.recall_items, batch=args.batch, lengths=args.recall_lengths,
+        protocols=args.recall_protocols,
+    )  # fmt: skip
     result = evaluate_recall(
         model, out, methods=methods(policies, args.budgets), settings=settings,
         scorer_root=args.scorers, model_name=name,
@@ -438,6 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator.add_argument(
         "--recall-items", type=_integer(1), default=64,
         help="held-out recall items per task and length (64)",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--recall-lengths", type=_choices(CONTEXT_LENGTHS, int), default=CONTEXT_LENGTHS,
+        help="item lengths in bytes, comma-separated (1024,2048)",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--recall-protocols", type=_choices(RECALL_PROTOCOLS, str), default=RECALL_PROTOCOLS,
+        help="prefill (the prompt compressed) and/or decode (the question after a generated "
+        "stretch), comma-separated (both)",
     )  # fmt: skip
     evaluator.set_defaults(run=_eval)
 

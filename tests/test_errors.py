@@ -83,6 +83,10 @@ def cli_error(argv, capsys) -> str:
         (["train", "--model", "CKPT", "--data", "D", "--out", "O", "--seq-len", "-5"],
          "argument --seq-len: must be an integer >= 2, got '-5'"),
         (["demo", "--items", "0"], "argument --items: must be an integer >= 1, got '0'"),
+        (["eval", "--recall-lengths", "1024,512"],
+         "argument --recall-lengths: '512' is not one of 1024, 2048"),
+        (["eval", "--recall-protocols", "prefil"],
+         "argument --recall-protocols: 'prefil' is not one of prefill, decode"),
         (["demo", "--model", "/nonexistent"], "argument --model: '/nonexistent' is not a folder"),
         (["eval", "--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
         (["eval", "--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
@@ -169,7 +173,27 @@ def test_train_scorer_names_the_bad_setting(tmp_path, settings, error, message):
     data = arguments.pop("data")
     with pytest.raises(error, match=message):
         kc.train_scorer(
-            tiny_qwen3(), data, TRAIN_CONFIG, output_dir=tmp_path / "run", progress=False,
-            **arguments,
+            tiny_qwen3(), data, TRAIN_CONFIG, kc.TrainSettings(**arguments),
+            output_dir=tmp_path / "run", progress=False,
         )  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"loss": "hinge"}, "loss must be one of boundary, regression, quantile; got 'hinge'"),
+        ({"mode": "rl"}, "mode must be one of scorer, distill; got 'rl'"),
+        ({"trainable": "mlp"}, "trainable must be a list of parameter-name parts or None"),
+        ({"eval_fraction": 1.0}, r"eval_fraction must be in \(0, 1\), got 1.0"),
+        ({"resume": "yes"}, "resume must be True or False, got 'yes'"),
+    ],
+)
+def test_train_settings_name_the_bad_value(settings, message):
+    with pytest.raises(ValueError, match=message):
+        kc.TrainSettings(**settings)
+
+
+def test_train_scorer_refuses_unknown_settings(tmp_path):
+    with pytest.raises(TypeError, match=r"unknown settings \['stpes'\]; see TrainSettings"):
+        kc.train_scorer(tiny_qwen3(), ["x"], TRAIN_CONFIG, output_dir=tmp_path, stpes=3)
