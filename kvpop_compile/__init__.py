@@ -12,7 +12,7 @@ from .engines import EngineRunner, export, load
 from .generation import compile, decode_one_token, generate, new_cache, prefill
 from .kv_cache import KVpopCache
 from .scorer_io import load_scorer, save_scorer
-from .training import train_scorer
+from .training import TrainSettings, train_scorer
 from .transform import transform
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "KVpopCache",
     "KVpopConfig",
     "ScorerKind",
+    "TrainSettings",
     "__version__",
     "compile",
     "decode_one_token",

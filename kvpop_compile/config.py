@@ -35,6 +35,15 @@ def require_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def require_choice(name: str, value: object, kind: type[Enum]) -> Enum:
+    """``kind(value)``, or a ``ValueError`` naming ``value`` and the allowed choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ValueError(f"{name} must be one of {allowed}; got {value!r}") from None
+
+
 def require_number(name: str, value: object, *, positive: bool) -> None:
     """Raise ``ValueError`` naming ``value`` unless it is a finite real number, ``> 0`` if
     ``positive`` else ``>= 0`` (a bool is not a number here)."""
@@ -79,12 +88,7 @@ class KVpopConfig:
         if self.prefill_chunk is not None:
             require_int("prefill_chunk", self.prefill_chunk, 1)
         require_number("lam", self.lam, positive=False)
-        try:
-            kind = ScorerKind(self.scorer)
-        except ValueError:
-            allowed = ", ".join(k.value for k in ScorerKind)
-            raise ValueError(f"scorer must be one of {allowed}; got {self.scorer!r}") from None
-        object.__setattr__(self, "scorer", kind)
+        object.__setattr__(self, "scorer", require_choice("scorer", self.scorer, ScorerKind))
         object.__setattr__(self, "lam", float(self.lam))
 
     def to_dict(self) -> dict:

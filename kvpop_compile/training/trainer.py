@@ -7,17 +7,16 @@ built. Only scorer parameters get gradients; the LLM's activations are not kept 
 
 With ``mode="distill"`` the LLM is fine-tuned too (see :mod:`.objectives`).
 
-Checkpoints (scorers, optimizer, step) are written atomically every ``checkpoint_every`` steps;
-a run resumed from one gives the same scorers as an uninterrupted run. The trained scorers are
-saved with the ``save_scorer`` format, ready for ``load_scorer`` on the transformed model.
+Checkpoints (scorers, optimizer, step) are written atomically every ``checkpoint_every`` steps
+(:class:`~.settings.TrainSettings`); a run resumed from one gives the same scorers as an
+uninterrupted run. The trained scorers are saved with the ``save_scorer`` format, ready for
+``load_scorer`` on the transformed model.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -25,17 +24,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
-from ..config import KVpopConfig, require_int
+from ..config import KVpopConfig
 from ..scorer_io import describe, save_scorers
 from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
-from .scorer_loss import LossKind
+from .settings import TrainMode, TrainSettings
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
-MODES = ("scorer", "distill")
 
 
 @dataclass
@@ -45,42 +43,6 @@ class TrainingReport:
     history: list[dict] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     scorer_path: Path | None = None
-
-
-def _require_number(name: str, value: object, *, positive: bool) -> None:
-    """Raise ``ValueError`` naming ``value`` unless it is a finite real number, ``> 0`` if
-    ``positive`` else ``>= 0`` (a bool is not a number here)."""
-    bound = "> 0" if positive else ">= 0"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-def _check_settings(
-    config: KVpopConfig, seq_len: int, steps: int, batch_size: int, group: ProcessGroup,
-    numbers: dict,
-) -> None:  # fmt: skip
-    if not config.scorer.learned:
-        raise ValueError(
-            f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
-        )
-    for name, value in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len)):
-        require_int(name, value, 1)
-    for name in ("eval_every", "checkpoint_every", "kl_top"):
-        require_int(name, numbers[name], 1)
-    require_int("seed", numbers["seed"], 0)
-    for name in ("lr", "tau"):
-        _require_number(name, numbers[name], positive=True)
-    _require_number("kl_weight", numbers["kl_weight"], positive=False)
-    if batch_size % group.world:
-        raise ValueError(
-            f"batch_size {batch_size} must be a multiple of the {group.world} processes"
-        )
-    if seq_len <= config.capacity:
-        raise ValueError(
-            f"seq_len {seq_len} must exceed the capacity {config.capacity} (sinks + window + "
-            "topk): shorter sequences never make the policy choose what to drop"
-        )
 
 
 class _Batches:
@@ -114,7 +76,7 @@ def _evaluate(objective, sequences: torch.Tensor, batch_size: int) -> dict:
     return {name: total / len(batches) for name, total in totals.items()}
 
 
-def _load_checkpoint(path: Path, settings: dict) -> dict | None:
+def _load_checkpoint(path: Path, recorded: dict) -> dict | None:
     if not path.is_file():
         return None
     try:
@@ -126,8 +88,8 @@ def _load_checkpoint(path: Path, settings: dict) -> dict | None:
         ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a kvpop_compile training checkpoint")
-    if checkpoint["settings"] != settings:
-        changed = sorted(k for k in settings if checkpoint["settings"].get(k) != settings[k])
+    if checkpoint["settings"] != recorded:
+        changed = sorted(k for k in recorded if checkpoint["settings"].get(k) != recorded[k])
         raise ValueError(
             f"checkpoint {path} was made with other settings ({', '.join(changed)}); use "
             "another output_dir or resume=False"
@@ -139,68 +101,46 @@ def train_scorer(
     model: nn.Module,
     data,
     config: KVpopConfig,
+    settings: TrainSettings | None = None,
     *,
     output_dir: str | os.PathLike,
-    steps: int = 200,
-    seq_len: int = 512,
-    batch_size: int = 4,
-    lr: float = 1e-3,
-    loss: str = "boundary",
-    tau: float = 1.0,
-    mode: str = "scorer",
-    trainable: Sequence[str] | None = None,
-    kl_top: int = 32,
-    kl_weight: float = 1.0,
-    eval_fraction: float = 0.1,
-    eval_every: int = 50,
-    checkpoint_every: int = 50,
-    seed: int = 0,
     tokenizer: Tokenizer | None = None,
-    resume: bool = True,
     progress: bool = True,
+    **overrides,
 ) -> TrainingReport:
-    """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``.
+    """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``, as
+    ``settings`` say (:class:`TrainSettings`; its defaults if ``None``).
 
     ``data``: a folder of ``.txt``/``.py`` files, a ``.jsonl`` file, an Arrow dataset, or a
     list of texts (see :func:`~kvpop_compile.training.data.read_texts`),
     tokenized by ``tokenizer`` (text -> ids; UTF-8 bytes by default, for byte-vocabulary
-    models) and packed into sequences of ``seq_len`` tokens. Writes ``checkpoint.pt`` and the
-    final ``scorer/`` folder to ``output_dir``.
+    models) and packed into sequences of ``settings.seq_len`` tokens. Writes ``checkpoint.pt``
+    and the final ``scorer/`` folder to ``output_dir``; ``progress`` shows a progress bar.
 
-    ``mode="distill"`` also fine-tunes the model (the parameters whose names contain one of
-    ``trainable``, or all): a copy runs under the running-top-k mask with KL to the frozen
-    model's top ``kl_top`` logits weighted by ``kl_weight``, sharded with FSDP2 when several
-    processes run; its weights are written into ``model`` at the end (save it with
-    ``save_pretrained`` afterwards).
+    In ``distill`` mode the model is fine-tuned too: a copy runs under the running-top-k mask,
+    sharded with FSDP2 when several processes run; its weights are written into ``model`` at
+    the end (save it with ``save_pretrained`` afterwards).
+
+    ``overrides`` replace fields of ``settings`` by name (``steps=100``), for callers that
+    name a few settings inline.
     """
+    settings = _settings(settings, overrides)
     check_transformable(model, config)
-    loss = LossKind(loss)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     group = ProcessGroup.current()
-    numbers = {
-        "lr": lr, "tau": tau, "kl_top": kl_top, "kl_weight": kl_weight, "seed": seed,
-        "eval_every": eval_every, "checkpoint_every": checkpoint_every,
-    }  # fmt: skip
-    _check_settings(config, seq_len, steps, batch_size, group, numbers)
-    tokenizer = tokenizer or byte_tokenizer
-    sequences = pack(read_texts(data), tokenizer, seq_len)
-    train, held_out = split(sequences, eval_fraction)
+    settings.check_for(config, group.world)
+    sequences = pack(read_texts(data), tokenizer or byte_tokenizer, settings.seq_len)
+    train, held_out = split(sequences, settings.eval_fraction)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "kvpop_config": config.to_dict(),
-        "seq_len": seq_len, "batch_size": batch_size, "lr": lr, "loss": loss.value, "tau": tau,
-        "seed": seed, "train_sequences": len(train), "mode": mode,
-        "trainable": None if trainable is None else list(trainable),
-        "kl_top": kl_top, "kl_weight": kl_weight,
-    }  # fmt: skip
-    checkpoint = _load_checkpoint(output / CHECKPOINT, settings) if resume else None
-    if mode == "distill":
-        objective = DistillObjective(model, config, loss, tau, trainable=trainable,
-                                     kl_top=kl_top, kl_weight=kl_weight, group=group)  # fmt: skip
+    recorded = settings.recorded(config, len(train))
+    checkpoint = _load_checkpoint(output / CHECKPOINT, recorded) if settings.resume else None
+    if settings.mode is TrainMode.DISTILL:
+        objective = DistillObjective(
+            model, config, settings.loss, settings.tau, trainable=settings.trainable,
+            kl_top=settings.kl_top, kl_weight=settings.kl_weight, group=group,
+        )  # fmt: skip
     else:
-        objective = ScorerObjective(model, config, loss, tau)
+        objective = ScorerObjective(model, config, settings.loss, settings.tau)
 
     frozen = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
@@ -209,7 +149,7 @@ def train_scorer(
         with objective:
             scorers = objective.scorers
             parameters = objective.parameters()
-            optimizer = torch.optim.AdamW(parameters, lr=lr)
+            optimizer = torch.optim.AdamW(parameters, lr=settings.lr)
             start = 0
             if checkpoint is not None:
                 for scorer, state in zip(scorers, checkpoint["scorers"], strict=True):
@@ -218,9 +158,12 @@ def train_scorer(
                 objective.load_optimizer_state(optimizer, checkpoint["optimizer"])
                 start = checkpoint["step"]
                 report.history = list(checkpoint["history"])
-            batches = _Batches(len(train), batch_size, seed)
+            batches = _Batches(len(train), settings.batch_size, settings.seed)
             show = progress and group.is_main
-            bar = tqdm(range(start, steps), disable=not show, desc=f"train_scorer ({mode})")
+            bar = tqdm(
+                range(start, settings.steps), disable=not show,
+                desc=f"train_scorer ({settings.mode.value})",
+            )  # fmt: skip
             for step in bar:
                 step_loss, metrics = objective(train[group.shard(batches.rows(step))])
                 optimizer.zero_grad(set_to_none=True)
@@ -232,13 +175,13 @@ def train_scorer(
                 report.history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
                 done = step + 1
-                if done % eval_every == 0 or done == steps:
-                    evaluation = _evaluate(objective, held_out, batch_size)
+                if done % settings.eval_every == 0 or done == settings.steps:
+                    evaluation = _evaluate(objective, held_out, settings.batch_size)
                     report.evaluations.append({"step": done, **evaluation})
-                if done % checkpoint_every == 0 or done == steps:
+                if done % settings.checkpoint_every == 0 or done == settings.steps:
                     # Every process gathers (sharded tensors need all); the main one writes.
                     state = {
-                        "format": CHECKPOINT_FORMAT, "settings": settings, "step": done,
+                        "format": CHECKPOINT_FORMAT, "settings": recorded, "step": done,
                         "scorers": [s.state_dict() for s in scorers],
                         "extra": objective.extra_state(),
                         "optimizer": objective.optimizer_state(optimizer),
@@ -261,3 +204,15 @@ def train_scorer(
             parameter.requires_grad_(requires_grad)
         model.train(was_training)
     return report
+
+
+def _settings(settings: TrainSettings | None, overrides: dict) -> TrainSettings:
+    """``settings`` (or the defaults) with ``overrides`` of its fields."""
+    if settings is None:
+        settings = TrainSettings()
+    elif not isinstance(settings, TrainSettings):
+        raise TypeError(f"settings must be a TrainSettings or None, got {type(settings).__name__}")
+    unknown = sorted(set(overrides) - {f.name for f in fields(TrainSettings)})
+    if unknown:
+        raise TypeError(f"train_scorer() got unknown settings {unknown}; see TrainSettings")
+    return replace(settings, **overrides)

@@ -1,0 +1,99 @@
+"""``TrainSettings``: how :func:`~kvpop_compile.training.train_scorer` trains, checked when made,
+as :class:`~kvpop_compile.KVpopConfig` checks the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from ..config import KVpopConfig, require_choice, require_int, require_number
+from .scorer_loss import LossKind
+
+
+class TrainMode(str, Enum):
+    """What trains: the scorers alone, or the LLM too."""
+
+    SCORER = "scorer"  # the LLM frozen and its own teacher; only the scorers train (cheap)
+    DISTILL = "distill"  # the LLM fine-tuned too, under the running-top-k mask (DESIGN §4)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The settings of one scorer-training run.
+
+    ``steps`` optimizer steps of ``batch_size`` sequences of ``seq_len`` tokens, AdamW at
+    ``lr``, on the ``loss`` (``tau``: the boundary loss's temperature). The last
+    ``eval_fraction`` of the sequences is held out and evaluated every ``eval_every`` steps; a
+    checkpoint is written every ``checkpoint_every`` steps and, with ``resume``, continued.
+    ``seed`` orders the batches. ``mode="distill"`` also fine-tunes the parameters whose names
+    contain one of ``trainable`` (all if ``None``) with KL to the frozen model's top ``kl_top``
+    logits, weighted by ``kl_weight``.
+    """
+
+    steps: int = 200
+    seq_len: int = 512
+    batch_size: int = 4
+    lr: float = 1e-3
+    loss: LossKind | str = LossKind.BOUNDARY
+    tau: float = 1.0
+    mode: TrainMode | str = TrainMode.SCORER
+    trainable: Sequence[str] | None = None
+    kl_top: int = 32
+    kl_weight: float = 1.0
+    eval_fraction: float = 0.1
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    seed: int = 0
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "seq_len", "batch_size", "eval_every", "checkpoint_every", "kl_top"):
+            require_int(name, getattr(self, name), 1)
+        require_int("seed", self.seed, 0)
+        require_number("lr", self.lr, positive=True)
+        require_number("tau", self.tau, positive=True)
+        require_number("kl_weight", self.kl_weight, positive=False)
+        fraction = self.eval_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ValueError(f"eval_fraction must be a number in (0, 1), got {fraction!r}")
+        if not 0 < fraction < 1:
+            raise ValueError(f"eval_fraction must be in (0, 1), got {fraction}")
+        if not isinstance(self.resume, bool):
+            raise ValueError(f"resume must be True or False, got {self.resume!r}")
+        trainable = self.trainable
+        if trainable is not None:
+            if isinstance(trainable, str) or not all(isinstance(t, str) for t in trainable):
+                raise ValueError(
+                    f"trainable must be a list of parameter-name parts or None, got {trainable!r}"
+                )
+            object.__setattr__(self, "trainable", tuple(trainable))
+        object.__setattr__(self, "loss", require_choice("loss", self.loss, LossKind))
+        object.__setattr__(self, "mode", require_choice("mode", self.mode, TrainMode))
+
+    def check_for(self, config: KVpopConfig, processes: int) -> None:
+        """Raise unless these settings can train ``config``'s scorers on ``processes``."""
+        if not config.scorer.learned:
+            raise ValueError(
+                f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
+            )
+        if self.batch_size % processes:
+            raise ValueError(
+                f"batch_size {self.batch_size} must be a multiple of the {processes} processes"
+            )
+        if self.seq_len <= config.capacity:
+            raise ValueError(
+                f"seq_len {self.seq_len} must exceed the capacity {config.capacity} (sinks + "
+                "window + topk): shorter sequences never make the policy choose what to drop"
+            )
+
+    def recorded(self, config: KVpopConfig, train_sequences: int) -> dict:
+        """What a checkpoint records of the run, and a resumed run must match."""
+        return {
+            "kvpop_config": config.to_dict(),
+            "seq_len": self.seq_len, "batch_size": self.batch_size, "lr": self.lr,
+            "loss": self.loss.value, "tau": self.tau, "seed": self.seed,
+            "train_sequences": train_sequences, "mode": self.mode.value,
+            "trainable": None if self.trainable is None else list(self.trainable),
+            "kl_top": self.kl_top, "kl_weight": self.kl_weight,
+        }  # fmt: skip
