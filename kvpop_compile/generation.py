@@ -67,7 +67,11 @@ def prefill(
 
     ``attention_mask (B, N)`` (1 for a token, 0 for padding) takes a batch of prompts of
     different lengths, left-padded (as a tokenizer with ``padding_side="left"`` gives them):
-    the padding is never cached and every row continues from its own length."""
+    the padding is never cached and every row continues from its own length.
+
+    This is the one prefill: within it each layer runs a chunk through its cache with
+    :func:`~kvpop_compile.runtime.chunk_step.chunk_step`, and an exported engine runs it as
+    ``EngineRunner.prefill``."""
     require_transformed(model)
     _check_ids(input_ids, "input_ids")
     chunk = model.kvpop_config.chunk_length if chunk is None else chunk

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 
+from .steps import export_step
+
 
 def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:
     for name, (module, example) in steps.items():
-        with torch.no_grad():
-            program = torch.export.export(module, example)
+        program = export_step(module, example)
         torch._inductor.aoti_compile_and_package(program, package_path=str(folder / f"{name}.pt2"))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..optional import import_extra
+from .steps import export_step
 
 OPSET = 18  # run by current onnxruntime and parsed by TensorRT 8.6 and later
 
@@ -39,9 +40,8 @@ def _onnxruntime():
 def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:
     _onnxruntime()
     for name, (module, example) in steps.items():
+        program = export_step(module, example, decompose=True)
         with torch.no_grad():
-            program = torch.export.export(module, example)
-            program = program.run_decompositions(decompose_custom_triton_ops=True)
             onnx_program = torch.onnx.export(program, dynamo=True, opset_version=OPSET)
         onnx_program.save(str(folder / f"{name}.onnx"))
 

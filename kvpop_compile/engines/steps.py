@@ -1,8 +1,10 @@
-"""The decode and prefill steps as modules whose whole cache is explicit input and output.
+"""The decode and prefill steps as modules whose whole cache is explicit input and output: the
+exported forms of :func:`~kvpop_compile.generation.decode_one_token` and
+:func:`~kvpop_compile.generation.prefill` (one chunk).
 
 ``DecodeStep(token, *state) -> (logits, *state)``: one token per sequence; its position is read
 from the cache (``seen``), so an engine needs nothing else. ``PrefillStep(input_ids, *state)``
-runs a prompt of fixed length into the (reset) state. ``state`` is every layer's
+runs a prompt of fixed length into the state, continuing what it holds. ``state`` is every layer's
 :class:`BoundedCacheState` tensors, in layer then field order (:func:`state_names`).
 
 Exporters that keep mutated state only as side effects lose it (ONNX drops in-place updates of
@@ -30,6 +32,16 @@ def state_names(num_layers: int) -> list[str]:
 def empty_fill(name: str) -> float:
     """The value an empty cache holds in the state tensor called ``name``."""
     return EMPTY_FILL.get(name.rsplit(".", 1)[-1], 0)
+
+
+def export_step(module: nn.Module, example: tuple, *, decompose: bool = False):
+    """``torch.export`` of a step at ``example``'s shapes; with ``decompose``, the kvpop ops
+    decomposed into aten ops, for runtimes that cannot call them (ONNX, TensorRT)."""
+    with torch.no_grad():
+        program = torch.export.export(module, example)
+        if decompose:
+            program = program.run_decompositions(decompose_custom_triton_ops=True)
+    return program
 
 
 def _cache_over(model: nn.Module, state: tuple[torch.Tensor, ...]) -> KVpopCache:

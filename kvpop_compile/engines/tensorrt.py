@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from ..optional import import_torch_tensorrt
+from .steps import export_step
 
 
 def build(steps: dict[str, tuple[torch.nn.Module, tuple]], folder: Path) -> None:
     torch_tensorrt = import_torch_tensorrt()
     for name, (module, example) in steps.items():
+        program = export_step(module, example, decompose=True)
         with torch.no_grad():
-            program = torch.export.export(module, example)
-            program = program.run_decompositions(decompose_custom_triton_ops=True)
             compiled = torch_tensorrt.dynamo.compile(program, inputs=list(example))
         torch_tensorrt.save(
             compiled, str(folder / f"{name}.ep"), output_format="exported_program",

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 # A module-level constant is visible inside @triton.jit only when it is a constexpr.
 INT64_MAX = tl.constexpr(torch.iinfo(torch.int64).max)
+
+
+@triton.jit
+def online_logsumexp(score, running_max, running_sum):
+    """Fold a tile of scores ``(rows, cols)`` into each row's running log-sum-exp, kept as a
+    running max and the sum of ``exp(score - max)``.
+
+    Returns the new max and sum ``(rows,)``, the tile's ``exp(score - max)`` ``(rows, cols)``
+    and the factor ``(rows,)`` that rescales whatever was accumulated against the old max (an
+    attention's weighted values). A row that has seen only ``-inf`` keeps max ``-inf`` and is
+    shifted by 0, not by ``-inf`` (``inf - inf`` is NaN)."""
+    tile_max = tl.maximum(running_max, tl.max(score, axis=1))
+    shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
+    p = tl.exp(score - shift[:, None])
+    rescale = tl.exp(running_max - shift)
+    return tile_max, running_sum * rescale + tl.sum(p, axis=1), p, rescale
 
 
 def next_power_of_2(n: int, minimum: int = 1) -> int:

@@ -20,7 +20,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..reference.attention import query_group
-from .common import dot_precision, next_power_of_2
+from .common import dot_precision, next_power_of_2, online_logsumexp
 
 BLOCK_SLOTS = 64
 MIN_CHUNK_TILES = 2
@@ -66,14 +66,8 @@ def _partial_kernel(
                 scores_out + (head * group + rows[:, None]) * capacity + slots[None, :], score,
                 mask=in_group[:, None] & in_chunk[None, :],
             )  # fmt: skip
-        tile_max = tl.maximum(running_max, tl.max(score, axis=1))
-        # A row with no visible slot so far keeps max -inf; shift by 0 to avoid inf - inf.
-        shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
-        p = tl.exp(score - shift[:, None])
-        rescale = tl.exp(running_max - shift)
-        running_sum = running_sum * rescale + tl.sum(p, axis=1)
+        running_max, running_sum, p, rescale = online_logsumexp(score, running_max, running_sum)
         acc = acc * rescale[:, None] + tl.dot(p.to(value.dtype), value, input_precision=PRECISION)
-        running_max = tile_max
     # Partials are laid out (head, group row, split) so a combine program reads one row's
     # splits as a single vector; the padding rows of the group are not stored.
     part = (head * group + rows) * splits + split

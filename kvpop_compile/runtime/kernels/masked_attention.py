@@ -18,7 +18,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..reference.attention import query_group
-from .common import INT64_MAX, dot_precision, next_power_of_2
+from .common import INT64_MAX, dot_precision, next_power_of_2, online_logsumexp
 
 BLOCK_QUERIES = 32
 BLOCK_KEYS = 32
@@ -75,15 +75,10 @@ def _masked_attention_kernel(
             value = tl.load(v + tile, mask=tile_mask, other=0.0).to(query.dtype)
             score = tl.dot(query, tl.trans(key), input_precision=PRECISION) * scale
             score = tl.where(visible, score, float("-inf"))
-            tile_max = tl.maximum(running_max, tl.max(score, axis=1))
-            shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
-            p = tl.exp(score - shift[:, None])
-            rescale = tl.exp(running_max - shift)
-            running_sum = running_sum * rescale + tl.sum(p, axis=1)
+            running_max, running_sum, p, rescale = online_logsumexp(score, running_max, running_sum)
             acc = acc * rescale[:, None] + tl.dot(
                 p.to(value.dtype), value, input_precision=PRECISION
             )
-            running_max = tile_max
     # Padding rows past N saw nothing; give them a harmless sum (their stores are masked).
     running_sum = tl.where(is_query, running_sum, 1.0)
     result = acc / running_sum[:, None]

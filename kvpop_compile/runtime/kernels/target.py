@@ -17,7 +17,7 @@ from torch.library import wrap_triton
 
 from ..reference.attention import query_group
 from ..reference.target import log_future_counts
-from .common import dot_precision, next_power_of_2
+from .common import dot_precision, next_power_of_2, online_logsumexp
 
 BLOCK_KEYS = 32
 BLOCK_QUERIES = 32
@@ -59,12 +59,7 @@ def _target_kernel(
             log_p = log_p - query_lse[None, :]
             future = (queries[None, :] >= keys_at[:, None] + window) & is_query[None, :]
             log_p = tl.where(future, log_p, float("-inf"))
-            tile_max = tl.maximum(running_max, tl.max(log_p, axis=1))
-            shift = tl.where(tile_max == float("-inf"), 0.0, tile_max)
-            running_sum = running_sum * tl.exp(running_max - shift) + tl.sum(
-                tl.exp(log_p - shift[:, None]), axis=1
-            )
-            running_max = tile_max
+            running_max, running_sum, _, _ = online_logsumexp(log_p, running_max, running_sum)
         seen = running_sum > 0  # keys with no query d >= t + W receive nothing
         received = tl.where(
             seen, running_max + tl.log(tl.where(seen, running_sum, 1.0)), float("-inf")
