@@ -60,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--recall-fraction", type=float, default=0.0, help="share of sequences that are recall"
     )
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
     p.add_argument("--work", type=Path, default=Path("scorer-runs"), help="checkpoints")
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
     for policy in args.policies:
         for capacity in args.capacities:
             config = budget_config(policy, capacity)
-            model = load_embedded_model()
+            model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{capacity}"
             print(f"{policy} at capacity {capacity}: {config}", flush=True)
             start = time.perf_counter()
