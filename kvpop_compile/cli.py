@@ -360,8 +360,8 @@ def _train(args: argparse.Namespace) -> int:
         tokenizer = lambda text: encode(text)["input_ids"]  # noqa: E731
     report = train_scorer(
         model, args.data, config, output_dir=args.out, steps=args.steps, seq_len=args.seq_len,
-        batch_size=args.batch_size, lr=args.lr, loss=args.loss, tokenizer=tokenizer,
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+        batch_size=args.batch_size, lr=args.lr, loss=args.loss, target=args.target,
+        tokenizer=tokenizer, eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
     )  # fmt: skip
     for evaluation in report.evaluations:
         print(
@@ -550,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--lr", type=_number(positive=True), default=1e-3)
     trainer.add_argument("--loss", default="boundary", choices=["boundary", "regression",
                          "quantile"])  # fmt: skip
+    trainer.add_argument(
+        "--target", default="mean", choices=["mean", "max"],
+        help="what a token's future attention is reduced to over later queries: the mean "
+        "(default) or the strongest single query (keeps what one later question needs)",
+    )  # fmt: skip
     trainer.add_argument("--eval-every", type=_integer(1), default=50)
     trainer.add_argument("--checkpoint-every", type=_integer(1), default=50)
     trainer.add_argument(

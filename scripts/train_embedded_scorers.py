@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--recall-fraction", type=float, default=0.0, help="share of sequences that are recall"
     )
+    p.add_argument(
+        "--target", default="mean", choices=["mean", "max"],
+        help="aggregate of future attention the scorers learn (mean: the design's)",
+    )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
@@ -135,8 +139,9 @@ def main(argv=None) -> None:
             start = time.perf_counter()
             report = kc.train_scorer(
                 model, texts, config, output_dir=work, steps=args.steps, seq_len=SEQUENCE_LENGTH,
-                batch_size=args.batch_size, lr=args.lr, eval_fraction=eval_fraction,
-                eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
+                batch_size=args.batch_size, lr=args.lr, target=args.target,
+                eval_fraction=eval_fraction, eval_every=args.eval_every, checkpoint_every=10,
+                seed=args.seed,
             )  # fmt: skip
             minutes = (time.perf_counter() - start) / 60
             record = {
@@ -151,6 +156,7 @@ def main(argv=None) -> None:
                 "seq_len": SEQUENCE_LENGTH,
                 "lr": args.lr,
                 "loss": "boundary",
+                "target": args.target,
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),

@@ -108,16 +108,21 @@ def test_masked_attention_kernel_matches_reference(device, shape, n, evicting, b
     assert_as_accurate_as_reference(got[1], reference[1], lse, dtype=torch.float32, name="lse")
 
 
-def target_truth(q, k, window, scale):
-    """Dense float64 future-attention target: ``log max_g mean_{d >= t + W} p_{d->t}``."""
+def target_truth(q, k, window, scale, aggregate="mean"):
+    """Dense float64 future-attention target: ``log max_g mean_{d >= t + W} p_{d->t}`` (or the
+    max over ``d`` for ``aggregate="max"``)."""
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     qg = q.reshape(batch, kv_heads, q_heads // kv_heads, n, dim)
     position = torch.arange(n, device=q.device)
     _, _, probs = attention_truth(qg, k, k, position[None, :] <= position[:, None], scale)
     future = position[:, None] >= position[None, :] + window  # (d, t)
-    received = (probs * future).sum(dim=-2).amax(dim=2)  # (B, Hkv, N)
-    count = (n - window - position).clamp(min=1).double()
+    if aggregate == "max":
+        received = (probs * future).amax(dim=-2).amax(dim=2)  # (B, Hkv, N)
+        count = torch.ones(n, dtype=torch.float64, device=q.device)
+    else:
+        received = (probs * future).sum(dim=-2).amax(dim=2)
+        count = (n - window - position).clamp(min=1).double()
     valid = n - window - position > 0
     return torch.where(valid, received.log() - count.log(), torch.zeros_like(received)), valid
 
@@ -125,6 +130,16 @@ def target_truth(q, k, window, scale):
 @settings(max_examples=15)
 @given(shape=heads(), n=st.integers(1, 90), window=st.integers(1, 12))
 def test_target_kernel_matches_reference(device, shape, n, window):
+    _check_target_kernel(device, shape, n, window, "mean")
+
+
+@settings(max_examples=8)
+@given(shape=heads(), n=st.integers(1, 60), window=st.integers(1, 8))
+def test_max_target_kernel_matches_reference(device, shape, n, window):
+    _check_target_kernel(device, shape, n, window, "max")
+
+
+def _check_target_kernel(device, shape, n, window, aggregate):
     batch, kv_heads, group, dim, seed, dtype_index = shape
     dtype = draw_dtype(device, dtype_index)
     g = torch.Generator().manual_seed(seed)
@@ -132,10 +147,11 @@ def test_target_kernel_matches_reference(device, shape, n, window):
     k = torch.randn(batch, kv_heads, n, dim, generator=g).to(device, dtype)
     scale = dim**-0.5
     _, lse = masked_attention(q, k, k, None, scale=scale)
-    reference = future_attention_target(q, k, lse, window=window, scale=scale, block=16)
+    reference = future_attention_target(q, k, lse, window=window, scale=scale, block=16,
+                                        aggregate=aggregate)  # fmt: skip
     with kernels_enabled(device):
-        got = torch.ops.kvpop.future_attention_target(q, k, lse, window, scale, 16)
-    truth, valid = target_truth(q, k, window, scale)
+        got = torch.ops.kvpop.future_attention_target(q, k, lse, window, scale, 16, aggregate)
+    truth, valid = target_truth(q, k, window, scale, aggregate)
     assert torch.equal(got[1], valid) and torch.equal(reference[1], valid)
     # The truth uses the exact lse; both implementations share the float32 lse given to them,
     # whose own rounding is part of the reference's error.

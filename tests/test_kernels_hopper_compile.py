@@ -129,7 +129,9 @@ def _all_launches(dtype: torch.dtype) -> list[tuple[object, tuple, dict]]:
         key_positions = torch.arange(cap + n).expand(b, hkv, cap + n).contiguous()
         kernels.masked_attention(qn, held, held, torch.full_like(key_positions, n), 0.125,
                                  key_positions)  # fmt: skip
-        kernels.future_attention_target(qn, kn, torch.zeros(b, hkv * g, n), window, 0.125)
+        for aggregate in ("mean", "max"):
+            kernels.future_attention_target(qn, kn, torch.zeros(b, hkv * g, n), window, 0.125,
+                                            aggregate)  # fmt: skip
     finally:
         patches.undo()
     return recorder.launches

@@ -63,10 +63,10 @@ def test_target_values_on_a_hand_computed_case():
     assert not valid[n - window :].any() and (target[0, 0, n - window :] == 0).all()
 
 
-def target_by_loops(q, k, window, scale):
+def target_by_loops(q, k, window, scale, aggregate="mean"):
     """The future-attention target written out one query at a time in float64, from DESIGN §4:
-    ``r_t = log max_g mean_{d in [t + W, N)} p^g_{d->t}``. ``(B, Hkv, N)``, 0 where no query
-    counts."""
+    ``r_t = log max_g mean_{d in [t + W, N)} p^g_{d->t}`` (``max`` in place of the mean for
+    ``aggregate="max"``). ``(B, Hkv, N)``, 0 where no query counts."""
     batch, q_heads, n, _ = q.shape
     kv_heads = k.shape[1]
     group = q_heads // kv_heads
@@ -80,9 +80,13 @@ def target_by_loops(q, k, window, scale):
                     scores = k[b, h, : d + 1].double() @ q[b, query_head, d].double() * scale
                     probs = torch.softmax(scores, dim=0)
                     for t in range(d - window + 1):  # d >= t + W
-                        received[g, t] += probs[t]
+                        if aggregate == "max":
+                            received[g, t] = max(received[g, t], probs[t])
+                        else:
+                            received[g, t] += probs[t]
             for t in range(n - window):
-                target[b, h, t] = torch.log(received[:, t].max() / (n - t - window))
+                count = 1 if aggregate == "max" else n - t - window
+                target[b, h, t] = torch.log(received[:, t].max() / count)
     return target
 
 
@@ -103,6 +107,45 @@ def test_targets_take_the_max_over_a_group_whose_heads_attend_differently(group,
     # float32 logs of sums of at most 24 probabilities (see above): 2e-5 in log space.
     torch.testing.assert_close(dense.double(), expected, rtol=0, atol=2e-5)
     torch.testing.assert_close(transposed.double(), expected, rtol=0, atol=2e-5)
+
+
+@given(
+    n=st.integers(1, 40),
+    window=st.integers(1, 8),
+    group=st.sampled_from([1, 2, 3]),
+    block=st.integers(1, 17),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_max_target_is_the_strongest_single_future_attention(n, window, group, block, seed):
+    q, k = make_qk(seed, 1, 2, group, n, 8)
+    q = q * 1.5  # sharp enough that a max and a mean disagree on the order
+    expected = target_by_loops(q, k, window, 0.5, aggregate="max")
+    _, lse = masked_attention(q, k, k, None, scale=0.5)
+    dense, dense_valid = future_attention_target_dense(q, k, window=window, scale=0.5,
+                                                       aggregate="max")  # fmt: skip
+    transposed, valid = future_attention_target(q, k, lse, window=window, scale=0.5,
+                                                block=block, aggregate="max")  # fmt: skip
+    assert torch.equal(valid, dense_valid)
+    # One probability each, in float32: its log is exact to a few ulps of the score.
+    torch.testing.assert_close(dense.double(), expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(transposed.double(), expected, rtol=0, atol=2e-5)
+
+
+def test_a_token_one_late_query_needs_ranks_first_under_max_and_low_under_mean():
+    """Key 0 is ignored by every query but the last, which attends to it alone: the mean
+    spreads that over all future queries, the max keeps it whole."""
+    n, window, dim = 40, 2, 4
+    k = torch.zeros(1, 1, n, dim)
+    k[0, 0, 0, 0] = 1.0
+    q = torch.zeros(1, 1, n, dim)
+    q[0, 0, :-1, 0] = -30.0  # every query but the last avoids key 0
+    q[0, 0, -1, 0] = 30.0  # the last query attends to key 0 alone
+    mean, valid = future_attention_target_dense(q, k, window=window, scale=1.0)
+    top, _ = future_attention_target_dense(q, k, window=window, scale=1.0, aggregate="max")
+    ranked = valid.nonzero().squeeze(1)
+    assert int(top[0, 0, ranked].argmax()) == 0
+    assert int(mean[0, 0, ranked].argsort(descending=True).tolist().index(0)) > n // 2
+    assert top[0, 0, 0] > -1e-4  # log of a probability of ~1
 
 
 class LargestAllocation(TorchDispatchMode):
@@ -183,6 +226,8 @@ def test_bad_arguments_raise():
         future_attention_target(q, k, lse, window=0, scale=0.5)
     with pytest.raises(ValueError, match="window must be >= 1, got 0"):
         future_attention_target_dense(q, k, window=0, scale=0.5)
+    with pytest.raises(ValueError, match="aggregate must be one of mean, max; got 'sum'"):
+        future_attention_target_dense(q, k, window=1, scale=0.5, aggregate="sum")
     with pytest.raises(ValueError, match="block must be >= 1, got 0"):
         future_attention_target(q, k, lse, window=1, scale=0.5, block=0)
     with pytest.raises(ValueError, match=r"lse must have shape \(1, 1, 8\)"):

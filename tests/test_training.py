@@ -15,11 +15,13 @@ from kvpop_compile.training.passes import insert_future_attention_target
 from kvpop_compile.training.scorer_loss import ScorerLoss
 
 
-def training_graph(model, layer=0):
+def training_graph(model, layer=0, target=None):
     attention = model.model.layers[layer].self_attn
     graph = capture_attention(
         attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
     )
+    if target is not None:
+        graph.kvpop_target = target  # as ScorerObjective sets it
     return attention, insert_future_attention_target(graph, CONFIG)
 
 
@@ -100,6 +102,43 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
     # Same float32 values by two routes (dense vs transposed target: ~1e-6 apart in log space).
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
     assert 0 <= float(accuracy) <= 1
+
+
+@pytest.mark.parametrize("target", ["mean", "max"])
+def test_the_graphs_target_is_the_dense_one_the_settings_name(target):
+    """The pass computes the target the run asks for: checked against the dense reference on
+    the graph's own queries and keys, and the two targets differ."""
+    model = tiny_qwen3()
+    attention, gm = training_graph(model, target=target)
+    n = 48
+    hidden = torch.randn(1, n, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None])
+    with torch.no_grad():
+        _, _, _, log_target, valid = gm(hidden, cos, sin)
+        shape = (1, n, -1, attention.head_dim)
+        q = attention.q_norm(attention.q_proj(hidden).view(shape)).transpose(1, 2)
+        k = attention.k_norm(attention.k_proj(hidden).view(shape)).transpose(1, 2)
+        from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        dense = {
+            kind: future_attention_target_dense(
+                q, k, window=CONFIG.window, scale=attention.scaling, aggregate=kind
+            )[0]
+            for kind in ("mean", "max")
+        }
+    torch.testing.assert_close(log_target[..., valid], dense[target][..., valid],
+                               rtol=0, atol=2e-5)  # fmt: skip
+    other = "max" if target == "mean" else "mean"
+    assert (dense[other] - dense[target])[..., valid].abs().max() > 0.1
+
+
+def test_a_run_records_its_target_and_refuses_an_unknown_one(tmp_path):
+    run(tmp_path, 3, target="max")
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert checkpoint["settings"]["target"] == "max"  # a resume with the mean is refused
+    with pytest.raises(ValueError, match="target must be one of mean, max; got 'sum'"):
+        kc.TrainSettings(target="sum")
 
 
 def test_training_lowers_the_loss_and_ranks_above_chance(tmp_path):

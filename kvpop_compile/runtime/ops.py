@@ -139,9 +139,18 @@ def write_token(
 
 @triton_op("kvpop::future_attention_target", mutates_args=())
 def future_attention_target(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, window: int, scale: float, block: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    window: int,
+    scale: float,
+    block: int,
+    aggregate: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Transposed-attention log target ``(B, Hkv, N)`` and its validity ``(N,)``."""
+    """Transposed-attention log target ``(B, Hkv, N)`` and its validity ``(N,)``; ``aggregate``
+    the mean or max over future queries."""
     if use_triton(q):
-        return _kernels().future_attention_target(q, k, lse, window, scale)
-    return target.future_attention_target(q, k, lse, window=window, scale=scale, block=block)
+        return _kernels().future_attention_target(q, k, lse, window, scale, aggregate)
+    return target.future_attention_target(
+        q, k, lse, window=window, scale=scale, block=block, aggregate=aggregate
+    )

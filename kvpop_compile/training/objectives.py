@@ -78,11 +78,16 @@ def _captured(model: nn.Module, attention: nn.Module) -> GraphModule:
     )
 
 
-def teacher_attention(model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
-    """Full attention plus, per layer, the future-attention target and the scorer's loss."""
+def teacher_attention(
+    model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float, target: str = "mean"
+):
+    """Full attention plus, per layer, the future-attention target (``target``: the mean or
+    max over later queries) and the scorer's loss."""
 
     def build(index, attention):
-        graph = insert_future_attention_target(_captured(model, attention), config)
+        captured = _captured(model, attention)
+        captured.kvpop_target = target  # read by the pass
+        graph = insert_future_attention_target(captured, config)
         layer = graph.kvpop_layer_idx  # seeds the layer's scorer, as transform does
         scorer = build_scorer(config, model.config.num_key_value_heads, attention.head_dim, layer)
         scorer_loss = ScorerLoss(scorer, config, loss, tau)
@@ -122,14 +127,18 @@ def top_logit_kl(teacher: torch.Tensor, student: torch.Tensor, top: int) -> torc
 class ScorerObjective:
     """Scorer-only training: the LLM is frozen and is its own teacher."""
 
-    def __init__(self, model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float):
+    def __init__(
+        self, model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float,
+        target: str = "mean",
+    ):  # fmt: skip
         self.model, self.config, self.loss, self.tau = model, config, loss, tau
+        self.target = target
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
         self.model.eval().requires_grad_(False)
         self.teachers = self._stack.enter_context(
-            teacher_attention(self.model, self.config, self.loss, self.tau)
+            teacher_attention(self.model, self.config, self.loss, self.tau, self.target)
         )
         self.scorers = [t.kvpop_scorer_loss.scorer for t in self.teachers]
         return self
@@ -173,8 +182,9 @@ class DistillObjective(ScorerObjective):
     several processes the student is sharded with FSDP2; the scorers stay replicated."""
 
     def __init__(self, model, config, loss, tau, *, trainable: Sequence[str] | None,
-                 kl_top: int, kl_weight: float, group: ProcessGroup):  # fmt: skip
-        super().__init__(model, config, loss, tau)
+                 kl_top: int, kl_weight: float, group: ProcessGroup,
+                 target: str = "mean"):  # fmt: skip
+        super().__init__(model, config, loss, tau, target)
         self.trainable, self.kl_top, self.kl_weight = trainable, kl_top, kl_weight
         self.group = group
 

@@ -11,6 +11,14 @@ from ..config import KVpopConfig, require_choice, require_int, require_number
 from .scorer_loss import LossKind
 
 
+class TargetKind(str, Enum):
+    """How the future-attention target reduces the attention a token receives from the queries
+    after it has left the window (:mod:`kvpop_compile.runtime.reference.target`)."""
+
+    MEAN = "mean"  # the mean over those queries (DESIGN §4)
+    MAX = "max"  # the strongest one: what a single later question needs ranks high
+
+
 class TrainMode(str, Enum):
     """What trains: the scorers alone, or the LLM too."""
 
@@ -23,7 +31,8 @@ class TrainSettings:
     """The settings of one scorer-training run.
 
     ``steps`` optimizer steps of ``batch_size`` sequences of ``seq_len`` tokens, AdamW at
-    ``lr``, on the ``loss`` (``tau``: the boundary loss's temperature). The last
+    ``lr``, on the ``loss`` (``tau``: the boundary loss's temperature) against the ``target``
+    (the mean or the max of the attention each token receives later). The last
     ``eval_fraction`` of the sequences is held out and evaluated every ``eval_every`` steps; a
     checkpoint is written every ``checkpoint_every`` steps and, with ``resume``, continued.
     ``seed`` orders the batches. ``mode="distill"`` also fine-tunes the parameters whose names
@@ -37,6 +46,7 @@ class TrainSettings:
     lr: float = 1e-3
     loss: LossKind | str = LossKind.BOUNDARY
     tau: float = 1.0
+    target: TargetKind | str = TargetKind.MEAN
     mode: TrainMode | str = TrainMode.SCORER
     trainable: Sequence[str] | None = None
     kl_top: int = 32
@@ -70,6 +80,7 @@ class TrainSettings:
             object.__setattr__(self, "trainable", tuple(trainable))
         object.__setattr__(self, "loss", require_choice("loss", self.loss, LossKind))
         object.__setattr__(self, "mode", require_choice("mode", self.mode, TrainMode))
+        object.__setattr__(self, "target", require_choice("target", self.target, TargetKind))
 
     def check_for(self, config: KVpopConfig, processes: int) -> None:
         """Raise unless these settings can train ``config``'s scorers on ``processes``."""
@@ -92,7 +103,8 @@ class TrainSettings:
         return {
             "kvpop_config": config.to_dict(),
             "seq_len": self.seq_len, "batch_size": self.batch_size, "lr": self.lr,
-            "loss": self.loss.value, "tau": self.tau, "seed": self.seed,
+            "loss": self.loss.value, "tau": self.tau, "target": self.target.value,
+            "seed": self.seed,
             "train_sequences": train_sequences, "mode": self.mode.value,
             "trainable": None if self.trainable is None else list(self.trainable),
             "kl_top": self.kl_top, "kl_weight": self.kl_weight,

@@ -138,9 +138,11 @@ def train_scorer(
         objective = DistillObjective(
             model, config, settings.loss, settings.tau, trainable=settings.trainable,
             kl_top=settings.kl_top, kl_weight=settings.kl_weight, group=group,
+            target=settings.target.value,
         )  # fmt: skip
     else:
-        objective = ScorerObjective(model, config, settings.loss, settings.tau)
+        objective = ScorerObjective(model, config, settings.loss, settings.tau,
+                                    settings.target.value)  # fmt: skip
 
     frozen = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training

@@ -1,6 +1,8 @@
 """Transposed-attention training target (DESIGN §4): for every key ``t``,
 ``log sum over d >= t + W of exp(q_d . k_t * scale - lse_d)`` — keys as queries — then the max
-over the query heads of the group, minus ``log N_t``. O(N * D) memory, no N x N map.
+over the query heads of the group, minus ``log N_t`` (or, for ``aggregate="max"``, a running max
+of ``q_d . k_t * scale - lse_d``: the largest attention one future query pays the key). O(N * D)
+memory, no N x N map.
 
 One program per (batch, KV head, block of keys) holds its key tile and, for each query head of
 the group, streams the query blocks ``d >= t + W`` with an online log-sum-exp. It does one
@@ -16,7 +18,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..reference.attention import query_group
-from ..reference.target import log_future_counts
+from ..reference.target import check_aggregate, target_from_received
 from .common import dot_precision, next_power_of_2, online_logsumexp
 
 BLOCK_KEYS = 32
@@ -27,7 +29,7 @@ BLOCK_QUERIES = 32
 def _target_kernel(
     q, k, lse, target, scale, n, dim, group, window,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, MAX: tl.constexpr,
 ):  # fmt: skip
     # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
     # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
@@ -59,27 +61,40 @@ def _target_kernel(
             log_p = log_p - query_lse[None, :]
             future = (queries[None, :] >= keys_at[:, None] + window) & is_query[None, :]
             log_p = tl.where(future, log_p, float("-inf"))
-            running_max, running_sum, _, _ = online_logsumexp(log_p, running_max, running_sum)
-        seen = running_sum > 0  # keys with no query d >= t + W receive nothing
-        received = tl.where(
-            seen, running_max + tl.log(tl.where(seen, running_sum, 1.0)), float("-inf")
-        )
+            if MAX:
+                running_max = tl.maximum(running_max, tl.max(log_p, axis=1))
+            else:
+                running_max, running_sum, _, _ = online_logsumexp(log_p, running_max, running_sum)
+        if MAX:
+            received = running_max
+        else:
+            seen = running_sum > 0  # keys with no query d >= t + W receive nothing
+            received = tl.where(
+                seen, running_max + tl.log(tl.where(seen, running_sum, 1.0)), float("-inf")
+            )
         best = tl.maximum(best, received)
     tl.store(target + kv_head * n + keys_at, best, mask=is_key)
 
 
 def future_attention_target(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, window: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    window: int,
+    scale: float,
+    aggregate: str = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`kvpop_compile.runtime.reference.target.future_attention_target`.
 
     Args:
         q: ``(B, Hq, N, D)``; k: ``(B, Hkv, N, D)``; lse: ``(B, Hq, N)`` the forward's per-query
-            log-sum-exp; window: the delay W.
+            log-sum-exp; window: the delay W; aggregate: ``"mean"`` or ``"max"`` over the
+            future queries.
 
     Returns:
         ``log_target (B, Hkv, N)`` float32 (0 where invalid) and ``valid (N,)`` bool.
     """
+    check_aggregate(aggregate)
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = query_group(q_heads, kv_heads)
@@ -91,8 +106,6 @@ def future_attention_target(
             q.contiguous(), k.to(compute).contiguous(), lse.float().contiguous(), received,
             scale, n, dim, group, window,
             BLOCK_T=BLOCK_KEYS, BLOCK_Q=BLOCK_QUERIES, BLOCK_D=next_power_of_2(dim, 16),
-            PRECISION=dot_precision(compute),
+            PRECISION=dot_precision(compute), MAX=aggregate == "max",
         )  # fmt: skip
-    log_count, valid = log_future_counts(n, window, q.device)
-    log_mean = received - log_count
-    return torch.where(valid, log_mean, torch.zeros_like(log_mean)), valid
+    return target_from_received(received, n, window, aggregate)

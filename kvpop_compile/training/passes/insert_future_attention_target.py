@@ -6,7 +6,9 @@ query's log-sum-exp comes out with the output. After the attention site the pass
 memory, never an N x N map). The graph then returns ``(attention output, pre-RoPE keys,
 values, log target, valid)``: the output the model continues with, and what the layer's
 :class:`~kvpop_compile.training.scorer_loss.ScorerLoss` takes, which the training objective
-owns (so the pass, like every pass, depends on the ``KVpopConfig`` alone).
+owns (so the pass, like every pass, depends on the ``KVpopConfig`` alone). The graph's
+``kvpop_target`` attribute, when the objective sets one, chooses the target's reduction over
+later queries (``"mean"``, the default, or ``"max"``), as ``kvpop_layer_idx`` names its layer.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ TARGET_BLOCK = 64
 
 def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> GraphModule:
     layer = getattr(gm, "kvpop_layer_idx", 0)
+    aggregate = getattr(gm, "kvpop_target", "mean")
     match = find_one_attention(gm)
     raw_key = pre_rope_key(match.key, layer)
     graph = gm.graph
@@ -43,7 +46,7 @@ def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> Grap
         lse = graph.call_function(operator.getitem, (teacher, 1))
         target = graph.call_function(
             kvpop.future_attention_target.default,
-            (match.query, match.key, lse, config.window, match.scale, TARGET_BLOCK),
+            (match.query, match.key, lse, config.window, match.scale, TARGET_BLOCK, aggregate),
         )
         log_target = graph.call_function(operator.getitem, (target, 0))
         valid = graph.call_function(operator.getitem, (target, 1))
