@@ -1,7 +1,8 @@
 """``ScorerLoss``: a layer's scorer and its training loss against the future-attention target.
 
-Called by the training graph after each attention with the layer's pre-RoPE keys, values and
-log target; returns the loss and the ranking accuracy. The scorer runs in its parallel form.
+Applied to what each layer's teacher graph returns besides its output (the pre-RoPE keys,
+values and log target that ``insert_future_attention_target`` adds); returns the loss and the
+ranking accuracy. The scorer runs in its parallel form.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers shared by the Triton kernel launchers."""
+"""Helpers shared by the Triton kernels and their launchers."""
 
 from __future__ import annotations
 
