@@ -61,7 +61,9 @@ class KVpopAttention(nn.Module):
                 f"KVpop attention keeps its state in a KVpopCache, got {kind}; call the model "
                 "(it supplies one) or pass cache=kvpop_compile.new_cache(model)"
             )
-        if cache.config != self.kvpop_config:
+        # The identity test first: under compilation, after other models' steps were compiled
+        # in the process, the configs' integers may be symbolic and not comparable by value.
+        if cache.config is not self.kvpop_config and cache.config != self.kvpop_config:
             raise ValueError(
                 f"this KVpopCache was made for {cache.config}, the model is transformed with "
                 f"{self.kvpop_config}; use kvpop_compile.new_cache(model)"
