@@ -17,7 +17,7 @@ from .benchmark import PROTOCOLS, EvalSettings, run_eval
 from .data import PROMPT_LENGTH, SEQUENCE_LENGTH, Sequence, held_out_sequences
 from .long_range import long_range_targets
 from .methods import BUDGETS, POLICIES, capacities, methods
-from .report import markdown_tables, summarize, summarize_kvpress
+from .report import markdown_tables, report_footer, summarize, summarize_kvpress
 
 __all__ = [
     "BUDGETS",
@@ -220,13 +220,5 @@ def _document(results: dict, summary: dict, kvpress: dict, notes: list[str]) -> 
     targets = _targets(summary, kvpress)
     if targets:
         lines += ["## Targets", "", *targets, ""]
-    notes = [*results.get("run_notes", []), *notes]
-    if notes:
-        lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
-    v = results["versions"]
-    lines += [
-        f"Run: {results['seconds'] / 60:.1f} minutes; kvpop_compile {v['kvpop_compile']}, torch "
-        f"{v['torch']}, transformers {v['transformers']}, Python {v['python']}.",
-        "",
-    ]
+    lines += report_footer(results, [*results.get("run_notes", []), *notes])
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from .own_data import AnswerItem
 from .protocols import model_cache
 from .recall import feed_tokens, greedy_tokens
 from .recall_report import summarize_recall
-from .report import _label
+from .report import _label, report_footer
 
 PROTOCOL = "prefill"
 GROUP = "answers"
@@ -151,14 +151,7 @@ def _document(results: dict, summary: dict) -> str:
         "",
         answers_markdown(results, summary),
     ]
-    if results.get("run_notes"):
-        lines += ["## Notes", "", *(f"- {note}" for note in results["run_notes"]), ""]
-    v = results["versions"]
-    lines += [
-        f"Run: {results['seconds'] / 60:.1f} minutes; kvpop_compile {v['kvpop_compile']}, torch "
-        f"{v['torch']}, transformers {v['transformers']}, Python {v['python']}.",
-        "",
-    ]
+    lines += report_footer(results, results.get("run_notes", []))
     return "\n".join(lines)
 
 

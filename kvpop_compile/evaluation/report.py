@@ -160,6 +160,18 @@ def markdown_tables(results: dict, summary: dict, kvpress: dict | None = None) -
     return "\n".join(lines) + "\n"
 
 
+def report_footer(results: dict, notes: list[str]) -> list[str]:
+    """The closing lines of a report: its notes, then how long the run took and on what."""
+    lines = ["## Notes", "", *(f"- {note}" for note in notes), ""] if notes else []
+    v = results["versions"]
+    return [
+        *lines,
+        f"Run: {results['seconds'] / 60:.1f} minutes; kvpop_compile {v['kvpop_compile']}, torch "
+        f"{v['torch']}, transformers {v['transformers']}, Python {v['python']}.",
+        "",
+    ]
+
+
 def budget_compression(budget: str) -> float:
     """The compression a budget label names, as a fraction (``"88%"`` -> 0.875)."""
     return 1.0 - 1.0 / KEPT_FRACTION[budget]
