@@ -29,17 +29,16 @@ import transformers  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import atomic_write  # noqa: E402
-from kvpop_compile.evaluation.long_context import (  # noqa: E402
-    BenchResult,
-    BenchSettings,
-    bench_model,
-    context_label,
-    run_bench,
-)
+from kvpop_compile.evaluation.long_context import bench_model, run_bench  # noqa: E402
 from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
     COLUMN_NOTES,
     bench_json,
     bench_table,
+)
+from kvpop_compile.evaluation.long_context_settings import (  # noqa: E402
+    BenchResult,
+    BenchSettings,
+    context_label,
 )
 from kvpop_compile.evaluation.model_shapes import MODELS  # noqa: E402
 

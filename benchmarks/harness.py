@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Shared with `kvpop-compile bench`, so they live in the package (the wheel has no benchmarks/).
-from kvpop_compile.evaluation.long_context import context_label
 from kvpop_compile.evaluation.long_context_report import table
+
+# Shared with `kvpop-compile bench`, so they live in the package (the wheel has no benchmarks/).
+from kvpop_compile.evaluation.long_context_settings import context_label
 from kvpop_compile.evaluation.model_shapes import SHAPES, qwen3_model
 from kvpop_compile.evaluation.peak_memory import PeakMemory, peak_memory_supported
 

@@ -8,7 +8,7 @@ only in hindsight, computed per item from the full model's attention maps, so wh
 is the best a scorer trained against that score can hope for:
 
 - ``mean target``: the training target of the design, ``log max_g mean_{d >= t + W} p_{d->t}``;
-- ``max target``: the same with the max over later queries (``train_scorer(target="max")``);
+- ``max target``: the same with the max over later queries (``TrainSettings(target="max")``);
 - ``definition``: the line that holds the answer (and the 16 bytes before it), in every head.
 
 Next to them: full attention and the ``window`` heuristic at the same budget. Exact-match

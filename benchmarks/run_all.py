@@ -35,12 +35,7 @@ import kvpop_compile as kc  # noqa: E402
 from benchmarks import long_decode, policy_overhead, prefill, target_pass  # noqa: E402
 from benchmarks.harness import Section, qwen3_model  # noqa: E402
 from benchmarks.plots import matplotlib_available  # noqa: E402
-from kvpop_compile.evaluation.long_context import (  # noqa: E402
-    METHODS,
-    BenchSettings,
-    cpu_name,
-    run_bench,
-)
+from kvpop_compile.evaluation.long_context import cpu_name, run_bench  # noqa: E402
 from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
     COLUMN_NOTES,
     bench_json,
@@ -48,6 +43,7 @@ from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
     bench_table,
     plot_bench,
 )
+from kvpop_compile.evaluation.long_context_settings import METHODS, BenchSettings  # noqa: E402
 
 FAMILIES = ("decode", "policy", "target", "prefill", "bench")
 QUICK_FAMILIES = ("decode", "policy", "target", "prefill")  # what --quick runs unless --only

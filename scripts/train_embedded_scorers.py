@@ -137,12 +137,12 @@ def main(argv=None) -> None:
             work = args.work / f"{policy}-{capacity}"
             print(f"{policy} at capacity {capacity}: {config}", flush=True)
             start = time.perf_counter()
-            report = kc.train_scorer(
-                model, texts, config, output_dir=work, steps=args.steps, seq_len=SEQUENCE_LENGTH,
-                batch_size=args.batch_size, lr=args.lr, target=args.target,
-                eval_fraction=eval_fraction, eval_every=args.eval_every, checkpoint_every=10,
-                seed=args.seed,
+            settings = kc.TrainSettings(
+                steps=args.steps, seq_len=SEQUENCE_LENGTH, batch_size=args.batch_size, lr=args.lr,
+                target=args.target, eval_fraction=eval_fraction, eval_every=args.eval_every,
+                checkpoint_every=10, seed=args.seed,
             )  # fmt: skip
+            report = kc.train_scorer(model, texts, config, settings, output_dir=work)
             minutes = (time.perf_counter() - start) / 60
             record = {
                 "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),

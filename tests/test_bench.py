@@ -15,15 +15,14 @@ from transformers import LlamaConfig
 
 import kvpop_compile as kc
 from kvpop_compile.cli import main
-from kvpop_compile.evaluation import long_context
-from kvpop_compile.evaluation.long_context import (
+from kvpop_compile.evaluation import long_context_runs
+from kvpop_compile.evaluation.long_context import bench_model, run_bench
+from kvpop_compile.evaluation.long_context_report import bench_markdown, write_bench
+from kvpop_compile.evaluation.long_context_settings import (
     BenchSettings,
-    bench_model,
     context_label,
     parse_contexts,
-    run_bench,
 )
-from kvpop_compile.evaluation.long_context_report import bench_markdown, write_bench
 from kvpop_compile.evaluation.model_shapes import MODELS, qwen3_model
 
 BUDGET = kc.KVpopConfig(sinks=2, window=8, topk=22)  # capacity 32: both contexts evict
@@ -83,7 +82,7 @@ def failed_static(tmp_path_factory):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(long_context, "StaticCache", out_of_memory)
+    monkeypatch.setattr(long_context_runs, "StaticCache", out_of_memory)
     settings = BenchSettings(contexts=(40,), methods=("eager", "static", "dynamic"),
                              decode_tokens=2, warmup=1, kvpop=BUDGET)  # fmt: skip
     model = qwen3_model("tiny", layers=1, vocab=256, max_positions=256)

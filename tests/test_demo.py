@@ -3,8 +3,8 @@
 import pytest
 
 from kvpop_compile.cli import main
-from kvpop_compile.demo import run_demo
 from kvpop_compile.embedded.recall import TASKS
+from kvpop_compile.evaluation.demo import run_demo
 
 
 @pytest.fixture(scope="module")

@@ -194,6 +194,8 @@ def test_train_settings_name_the_bad_value(settings, message):
         kc.TrainSettings(**settings)
 
 
-def test_train_scorer_refuses_unknown_settings(tmp_path):
-    with pytest.raises(TypeError, match=r"unknown settings \['stpes'\]; see TrainSettings"):
-        kc.train_scorer(tiny_qwen3(), ["x"], TRAIN_CONFIG, output_dir=tmp_path, stpes=3)
+def test_train_scorer_takes_its_settings_as_one_object(tmp_path):
+    with pytest.raises(TypeError, match="settings must be a TrainSettings or None, got dict"):
+        kc.train_scorer(tiny_qwen3(), ["x"], TRAIN_CONFIG, {"steps": 3}, output_dir=tmp_path)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stpes'"):
+        kc.TrainSettings(stpes=3)

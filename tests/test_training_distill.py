@@ -9,9 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_qwen3
-from training_support import CONFIG, TEXTS, run
-
-from kvpop_compile.training import train_scorer
+from training_support import CONFIG, run
 
 # A small held-out split: each evaluation runs the teacher and the student over all of it.
 DISTILL = dict(mode="distill", trainable=["mlp"], eval_fraction=0.02)
@@ -32,7 +30,7 @@ def test_distillation_fine_tunes_the_student_towards_the_teacher(tmp_path):
     trained = load_file(report.scorer_path / "scorer.safetensors")
     assert any(not torch.equal(trained[name], fresh[name]) for name in trained)
     with pytest.raises(ValueError, match="mode must be one of scorer, distill; got 'rl'"):
-        train_scorer(tiny_qwen3(), TEXTS, CONFIG, output_dir=tmp_path / "x", mode="rl")
+        run(tmp_path / "x", 1, mode="rl")
     with pytest.raises(ValueError, match="no model parameter name contains any of \\['nope'\\]"):
         run(tmp_path / "y", 1, mode="distill", trainable=["nope"])
 

@@ -25,7 +25,7 @@ import transformers
 from torch import nn
 from tqdm.auto import tqdm
 
-from .. import __version__
+from .._version import __version__
 from ..config import require_int
 from .data import PROMPT_LENGTH, Sequence
 from .long_range import long_range_targets

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from .. import __version__
+from .._version import __version__
 from ..atomic import atomic_write
-from .long_context import BASELINE, METHODS, BenchResult, Row, context_label
+from .long_context_settings import BASELINE, METHODS, BenchResult, Row, context_label
 
 MiB = 2**20
 GiB = 2**30

@@ -16,7 +16,7 @@ uninterrupted run. The trained scorers are saved with the ``save_scorer`` format
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -106,7 +106,6 @@ def train_scorer(
     output_dir: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
-    **overrides,
 ) -> TrainingReport:
     """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``, as
     ``settings`` say (:class:`TrainSettings`; its defaults if ``None``).
@@ -120,11 +119,8 @@ def train_scorer(
     In ``distill`` mode the model is fine-tuned too: a copy runs under the running-top-k mask,
     sharded with FSDP2 when several processes run; its weights are written into ``model`` at
     the end (save it with ``save_pretrained`` afterwards).
-
-    ``overrides`` replace fields of ``settings`` by name (``steps=100``), for callers that
-    name a few settings inline.
     """
-    settings = _settings(settings, overrides)
+    settings = _settings(settings)
     check_transformable(model, config)
     group = ProcessGroup.current()
     settings.check_for(config, group.world)
@@ -208,13 +204,10 @@ def train_scorer(
     return report
 
 
-def _settings(settings: TrainSettings | None, overrides: dict) -> TrainSettings:
-    """``settings`` (or the defaults) with ``overrides`` of its fields."""
+def _settings(settings: TrainSettings | None) -> TrainSettings:
+    """``settings``, or the defaults when ``None``."""
     if settings is None:
-        settings = TrainSettings()
-    elif not isinstance(settings, TrainSettings):
+        return TrainSettings()
+    if not isinstance(settings, TrainSettings):
         raise TypeError(f"settings must be a TrainSettings or None, got {type(settings).__name__}")
-    unknown = sorted(set(overrides) - {f.name for f in fields(TrainSettings)})
-    if unknown:
-        raise TypeError(f"train_scorer() got unknown settings {unknown}; see TrainSettings")
-    return replace(settings, **overrides)
+    return settings

@@ -21,14 +21,14 @@ from pathlib import Path
 from torch import nn
 from tqdm.auto import tqdm
 
-from .config import KVpopConfig, require_int
-from .embedded import EMBEDDED_MODEL, load_embedded_model
-from .embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
-from .evaluation.methods import BUDGETS, scorer_folder
-from .evaluation.recall import RECALL_SEED, answer_exactly, greedy_answers
-from .kv_cache import cache_bytes
-from .scorer_io import load_scorer, saved_config
-from .transform import transform
+from ..config import KVpopConfig, require_int
+from ..embedded import EMBEDDED_MODEL, load_embedded_model
+from ..embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
+from ..kv_cache import cache_bytes
+from ..scorer_io import load_scorer, saved_config
+from ..transform import transform
+from .methods import BUDGETS, scorer_folder
+from .recall import RECALL_SEED, answer_exactly, greedy_answers
 
 DEFAULT_CAPACITY = BUDGETS["88%"]
 DEFAULT_ITEMS = 8  # held-out items per task: 32 in all, about a minute on two CPU cores

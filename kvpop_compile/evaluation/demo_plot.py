@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_write
+from ..atomic import atomic_write
 
 KINDS = (("sink", (0.55, 0.25, 0.75)), ("window", (0.2, 0.65, 0.3)), ("pool", (0.95, 0.55, 0.1)))
 DEFINITION_COLOUR = (0.85, 0.1, 0.1)
@@ -44,8 +44,8 @@ def _strip(share: torch.Tensor) -> torch.Tensor:
 
 
 def plot_kept_positions(result, path: Path) -> Path:
-    """Draw ``result`` (a :class:`~kvpop_compile.demo.DemoResult`) to ``path`` (PNG)."""
-    from .evaluation.plots import pyplot
+    """Draw ``result`` (a :class:`~kvpop_compile.evaluation.demo.DemoResult`) to ``path`` (PNG)."""
+    from .plots import pyplot
 
     plt = pyplot()
     example = result.example

@@ -1,0 +1,244 @@
+"""What each ``kvpop-compile`` subcommand does with its parsed arguments: load the model, run
+the library, print and write the results. Each returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from ..evaluation.demo import run_demo
+
+    result = run_demo(
+        items=args.items, context=args.context, model_path=args.model, scorer=args.scorer,
+        policy=args.policy, capacity=args.capacity, image=None if args.no_image else args.image,
+    )  # fmt: skip
+    for line in result.report():
+        print(line)
+    return 0
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    import json
+
+    from ..evaluation import write_report
+
+    out = Path(args.out)
+    if args.report_only:
+        saved = out / "quality.json"
+        if not saved.is_file():
+            raise FileNotFoundError(
+                f"{saved} not found: run kvpop-compile eval without --report-only first"
+            )
+        result = write_report(json.loads(saved.read_text()), out, plots=not args.no_plots)
+        print(result["document"])
+        print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+        return 0
+    if args.recall and args.data is not None:
+        raise ValueError(
+            f"--recall asks the built-in recall items, --data {args.data} gives your own: drop "
+            "--recall, and give your questions as a .jsonl of prompt/answer records"
+        )
+    from ..evaluation.methods import methods, runnable_policies
+
+    # Trained scorers are at hand for the embedded model (shipped) or with --scorers.
+    policies, notes = runnable_policies(
+        None if args.policies is None else tuple(args.policies),
+        scorers=args.model is None or args.scorers is not None,
+    )
+    if not args.recall:  # the recall items have lengths of their own
+        methods(policies, args.budgets, args.length)  # a length too short, before the model loads
+    if args.model is None:
+        from ..embedded import load_embedded_model
+
+        model, name = load_embedded_model(), "the embedded model"
+    else:
+        from ..evaluation.own_data import load_checkpoint
+
+        model, name = load_checkpoint(args.model), args.model
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.data is not None:
+        return _eval_own_data(args, model, name, out, policies, notes)
+    if model.config.vocab_size != 256:
+        raise ValueError(
+            f"--model {args.model}: the held-out sequences are UTF-8 bytes, so they need a "
+            f"byte-level model (vocab_size 256), got vocab_size {model.config.vocab_size}; give "
+            "--data with text of your own to read it with the model's tokenizer"
+        )
+    if args.recall:
+        return _eval_recall(args, model, name, out, policies, notes)
+    from ..evaluation import held_out_sequences
+
+    data = held_out_sequences(args.sequences, length=args.length)
+    return _eval_sequences(
+        args, model, name, out, data, policies, {"run_notes": notes} if notes else {}
+    )
+
+
+def _eval_sequences(
+    args: argparse.Namespace, model, name: str, out: Path, data: list, policies, about: dict
+) -> int:
+    """The quality benchmark on the sequences ``data``; ``about`` joins the report."""
+    from ..evaluation import EvalSettings, evaluate_sequences
+    from ..evaluation.data import default_prompt_length
+
+    length = data[0].ids.numel() - 1
+    prompt_length = args.prompt_length or default_prompt_length(length)
+    settings = EvalSettings(
+        batch=args.batch, protocols=tuple(args.protocols), prompt_length=prompt_length,
+        threads=args.threads,
+    )  # fmt: skip
+    result = evaluate_sequences(
+        model, out, data, policies=policies, budgets=args.budgets, settings=settings,
+        scorer_root=args.scorers, model_name=name, about=about,
+        plots=not args.no_plots,
+    )  # fmt: skip
+    print(result["document"])
+    print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+    return 0
+
+
+def _eval_own_data(
+    args: argparse.Namespace, model, name: str, out: Path, policies, notes: list[str]
+) -> int:
+    """``--data``: text through the quality benchmark, a .jsonl through exact-match answers."""
+    from ..evaluation.methods import methods
+    from ..evaluation.own_data import UTF8_BYTES, is_answers, model_tokenizer, text_sequences
+
+    vocab_size = model.config.vocab_size
+    if args.model is not None:
+        tokenizer = model_tokenizer(args.model, vocab_size)
+    else:
+        tokenizer = UTF8_BYTES  # the embedded model is byte-level and has no tokenizer files
+    if is_answers(args.data):
+        from ..evaluation.answers import evaluate_answers
+        from ..evaluation.own_data import answer_items
+
+        items = answer_items(args.data, tokenizer, model.config.max_position_embeddings)
+        result = evaluate_answers(
+            model, out, items, methods=methods(policies, args.budgets, args.length),
+            batch=args.batch, scorer_root=args.scorers, model_name=name,
+            data=f"`{args.data}`", tokenizer=None if tokenizer.byte_tokens else tokenizer.name,
+            notes=notes,
+        )  # fmt: skip
+        print(result["document"])
+        print(f"wrote {out / 'answers.md'} and {out / 'answers.json'}")
+        return 0
+    text = text_sequences(args.data, tokenizer, args.length, args.sequences)
+    about = {
+        "data": text.description,
+        "tokenizer": None if tokenizer.byte_tokens else tokenizer.name,
+        "run_notes": [*notes, *text.notes],
+    }
+    return _eval_sequences(args, model, name, out, text.sequences, policies, about)
+
+
+def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies, notes) -> int:
+    from ..evaluation.methods import methods
+    from ..evaluation.recall import RecallSettings
+    from ..evaluation.recall_report import evaluate_recall
+
+    settings = RecallSettings(
+        items=args.recall_items, batch=args.batch, lengths=args.recall_lengths,
+        protocols=args.recall_protocols,
+    )  # fmt: skip
+    result = evaluate_recall(
+        model, out, methods=methods(policies, args.budgets), settings=settings,
+        scorer_root=args.scorers, model_name=name,
+    )  # fmt: skip
+    print(result["document"])
+    for note in notes:
+        print(note)
+    print(f"wrote {out / 'recall.md'} and {out / 'recall.json'}")
+    return 0
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..config import KVpopConfig
+    from ..evaluation.long_context import bench_model, run_bench
+    from ..evaluation.long_context_report import bench_setup, bench_table, write_bench
+    from ..evaluation.long_context_settings import BenchSettings
+
+    if args.layers is not None and args.model is not None:
+        raise ValueError(
+            f"--layers {args.layers} cuts a --shape model; a --model checkpoint runs all its layers"
+        )
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    settings = BenchSettings(
+        contexts=tuple(n for group in args.contexts for n in group),
+        methods=tuple(m for group in args.methods for m in group),
+        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config,
+    )  # fmt: skip
+    model, name = bench_model(
+        path=args.model, shape=args.shape, layers=args.layers, dtype=args.dtype, device=device,
+        settings=settings,
+    )  # fmt: skip
+    result = run_bench(model, settings, model_name=name)
+    files = write_bench(result, args.out)
+    print(bench_setup(result), bench_table(result), sep="\n\n")
+    print(f"wrote {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from ..config import KVpopConfig
+    from ..engines import export
+    from ..scorer_io import load_scorer
+    from ..transform import transform
+
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    model = transform(model.eval(), config)
+    if args.scorer_path:
+        load_scorer(model, args.scorer_path)
+    folder = export(
+        model, args.out, args.format, batch=args.batch, prefill_length=args.prefill_length
+    )
+    print(f"wrote {args.format} engine to {folder}")
+    return 0
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..config import KVpopConfig
+    from ..training import TrainSettings, train_scorer
+
+    config = KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    tokenizer = None
+    if args.tokenizer == "model":
+        encode = AutoTokenizer.from_pretrained(args.model)
+        tokenizer = lambda text: encode(text)["input_ids"]  # noqa: E731
+    settings = TrainSettings(
+        steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
+        loss=args.loss, target=args.target, eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+    )  # fmt: skip
+    report = train_scorer(
+        model, args.data, config, settings, output_dir=args.out, tokenizer=tokenizer
+    )
+    for evaluation in report.evaluations:
+        print(
+            f"step {evaluation['step']}: held-out loss {evaluation['loss']:.4f}, "
+            f"ranking accuracy {evaluation['accuracy']:.3f}"
+        )
+    print(f"wrote scorer to {report.scorer_path}")
+    return 0
