@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -34,6 +38,32 @@ def test_same_arguments_give_the_same_bytes(items):
         assert recall_items(split, task, n, COUNT, seed=3) == batch
         assert make_item(split, task, n, 3, COUNT - 1) == batch[-1]
         assert recall_items(split, task, n, 2, seed=3, start=2) == batch[2:4]
+
+
+def _items_digest(hash_seed: str) -> str:
+    """A digest of some held-out items made in a fresh process with ``PYTHONHASHSEED``."""
+    code = (
+        "import hashlib\n"
+        "from kvpop_compile.embedded.recall import TASKS, recall_items\n"
+        "h = hashlib.sha256()\n"
+        "for task in TASKS:\n"
+        "    for item in recall_items('held_out', task, 1024, 3):\n"
+        "        h.update(repr(item).encode())\n"
+        "print(h.hexdigest())\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_items_do_not_depend_on_the_process_string_hash():
+    # Names were once ordered through a set, whose order follows the per-process string hash:
+    # the "same" held-out items then differed from one run of a benchmark to the next.
+    digests = {_items_digest(seed) for seed in ("1", "2", "3")}
+    assert len(digests) == 1, digests
+    assert len(next(iter(digests))) == len(hashlib.sha256().hexdigest())
 
 
 def test_other_seeds_and_indices_give_other_items(items):

@@ -109,12 +109,14 @@ def _check_split(split: str) -> None:
 
 def _names(rng: random.Random, n: int, upper: bool) -> list[str]:
     letters = string.ascii_uppercase if upper else string.ascii_lowercase
-    names: set[str] = set()
+    # A list in draw order, not a set: a set's order follows the per-process string hash, and
+    # an item must be the same in every process for its seed.
+    names: list[str] = []
     while len(names) < n:
         name = "".join(rng.choice(letters) for _ in range(NAME_LETTERS))
-        if not keyword.iskeyword(name):
-            names.add(name)
-    return sorted(names, key=lambda _: rng.random())
+        if not keyword.iskeyword(name) and name not in names:
+            names.append(name)
+    return names
 
 
 def _values(rng: random.Random, n: int) -> list[str]:
