@@ -8,7 +8,7 @@ from enum import Enum
 
 
 class ScorerKind(str, Enum):
-    """Which policy scores the tokens that leave the window (DESIGN §3)."""
+    """Which policy scores the tokens that leave the window (design.md §3)."""
 
     MEMORY = "memory"  # learned, delayed, stateful (the default)
     MLP = "mlp"  # learned, stateless

@@ -51,8 +51,9 @@ REFERENCE_ROUNDINGS = 256
 
 def assert_as_accurate_as_reference(kernel, reference, truth, *, dtype, name="output"):
     """The kernel's error against a float64 truth is within a small multiple of the float32
-    reference's own error, plus one rounding of the output's dtype: the tolerance comes from
-    the reference's rounding at that precision, not from a constant. The reference's own error
+    reference's own error, plus two roundings of the output's dtype (the kernel's and the
+    reference's, which returns the input dtype): the tolerance comes from the reference's
+    rounding at that precision, not from a constant. The reference's own error
     is bounded too (:data:`REFERENCE_ROUNDINGS` float32 ulps of the output's scale), so a wrong
     reference fails instead of widening the kernel's tolerance.
 

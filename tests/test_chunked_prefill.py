@@ -1,4 +1,4 @@
-"""Chunked prefill (DESIGN §2, the chunked rule; invariant 2): a prompt entering the bounded cache
+"""Chunked prefill (design.md §2, the chunked rule; §6): a prompt entering the bounded cache
 in chunks of any size gives the same outputs, the same held tokens and the same state as the
 one-shot prefill and as one decode step per token, for every scorer."""
 

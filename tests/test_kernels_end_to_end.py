@@ -1,5 +1,5 @@
 """A transformed model generates the same tokens whether its ``kvpop`` ops run the Triton
-kernels or the PyTorch references (DESIGN invariant 7, on the kernel path)."""
+kernels or the PyTorch references (design.md §6, on the kernel path)."""
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 
 Qwen3 RMS-normalises its keys (``k_norm``); with uniform norm weights every cached key has a
 norm within float32 rounding of ``||w||``. These tests hold the policy to a float64 oracle of
-kvpress's definition, and to the invariants prefill ≡ token-by-token ≡ compiled (DESIGN §6),
+kvpress's definition, and to the invariants prefill ≡ token-by-token ≡ compiled (design.md §6),
 on models whose norm weights are uniform (fresh) or not (trained).
 """
 

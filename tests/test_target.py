@@ -64,7 +64,7 @@ def test_target_values_on_a_hand_computed_case():
 
 
 def target_by_loops(q, k, window, scale, aggregate="mean"):
-    """The future-attention target written out one query at a time in float64, from DESIGN §4:
+    """The future-attention target written out one query at a time in float64, from design.md §4:
     ``r_t = log max_g mean_{d in [t + W, N)} p^g_{d->t}`` (``max`` in place of the mean for
     ``aggregate="max"``). ``(B, Hkv, N)``, 0 where no query counts."""
     batch, q_heads, n, _ = q.shape

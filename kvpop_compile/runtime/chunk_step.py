@@ -1,5 +1,5 @@
 """``chunk_step``: ``L`` tokens at once through a layer's bounded cache, in place — the chunked
-rule (DESIGN §2), which a prompt's prefill runs chunk by chunk.
+rule (design.md §2), which a prompt's prefill runs chunk by chunk.
 
 Its contract is :func:`~.decode_step.decode_step`'s: one chunk step of ``L`` tokens leaves the
 cache and returns the outputs that ``L`` decode steps would (to float rounding). Every index
@@ -84,7 +84,7 @@ class _Candidates:
     entry: torch.Tensor  # int64 step at which it is in the pool (NEVER: never, in this chunk)
 
     def eviction_steps(self, topk: int) -> torch.Tensor:
-        """``(B, H, M)`` int64 eviction step of every candidate (the chunked rule, DESIGN §2).
+        """``(B, H, M)`` int64 eviction step of every candidate (the chunked rule, design.md §2).
 
         Ordered by entry step (position order; pool entries first, as they are older than the
         window's), the rule is the parallel one with unit spacing: a candidate leaves when the

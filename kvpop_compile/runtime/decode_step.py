@@ -1,4 +1,4 @@
-"""``decode_step``: one token through a layer's bounded cache, in place (DESIGN §5).
+"""``decode_step``: one token through a layer's bounded cache, in place (design.md §5).
 
 The decode step is split into the pieces a compiled graph carries as separate ops — read the
 token leaving the window, evict, write the new token, attend — each written without ``.item()``

@@ -1,4 +1,4 @@
-"""Scorer losses against the future-attention target (DESIGN §4), and the ranking diagnostic.
+"""Scorer losses against the future-attention target (design.md §4), and the ranking diagnostic.
 
 The default, the boundary pairwise logistic loss, trains exactly the decisions the streaming
 rule takes: at query ``q`` the token leaving the window is compared with the weakest entry of

@@ -15,7 +15,7 @@ class TargetKind(str, Enum):
     """How the future-attention target reduces the attention a token receives from the queries
     after it has left the window (:mod:`kvpop_compile.runtime.reference.target`)."""
 
-    MEAN = "mean"  # the mean over those queries (DESIGN §4)
+    MEAN = "mean"  # the mean over those queries (design.md §4)
     MAX = "max"  # the strongest one: what a single later question needs ranks high
 
 
@@ -23,7 +23,7 @@ class TrainMode(str, Enum):
     """What trains: the scorers alone, or the LLM too."""
 
     SCORER = "scorer"  # the LLM frozen and its own teacher; only the scorers train (cheap)
-    DISTILL = "distill"  # the LLM fine-tuned too, under the running-top-k mask (DESIGN §4)
+    DISTILL = "distill"  # the LLM fine-tuned too, under the running-top-k mask (design.md §4)
 
 
 @dataclass(frozen=True)

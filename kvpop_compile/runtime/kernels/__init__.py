@@ -1,5 +1,5 @@
 """Floor 2 of the runtime: the Triton kernels behind the ``kvpop`` ops, the CUDA implementation
-of each op whose CPU implementation is the PyTorch reference (DESIGN §6, invariant 6). One
+of each op whose CPU implementation is the PyTorch reference (design.md §6, invariant 6). One
 kernel family per file; each launcher takes the reference's arguments and returns the same
 results. Kernels import only the reference's public helpers (:mod:`..reference`).
 

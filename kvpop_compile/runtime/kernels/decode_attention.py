@@ -1,4 +1,4 @@
-"""Bounded decode attention (DESIGN §5): one query token per sequence against the cache slots
+"""Bounded decode attention (design.md §5): one query token per sequence against the cache slots
 ``[sinks | pool | window]``, empty slots (position -1) masked.
 
 GQA lives inside the kernel: a program owns one KV head and the whole group of query heads that

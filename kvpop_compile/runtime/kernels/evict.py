@@ -1,4 +1,4 @@
-"""The decode step's cache update (DESIGN §5), two launches per layer, each covering every
+"""The decode step's cache update (design.md §5), two launches per layer, each covering every
 (batch, KV head) at once. The fused evict moves the token leaving the window into the pool if it
 beats the pool's weakest entry; then the new token is written into its sink or window-ring slot.
 

@@ -1,4 +1,4 @@
-"""Running top-k for prefill and training (DESIGN §2, §4): eviction steps and boundary tokens.
+"""Running top-k for prefill and training (design.md §2, §4): eviction steps and boundary tokens.
 
 ``eviction_steps``: with ``p_K(t)`` the K-th oldest token that beats ``t``,
 ``e_t = max(t, p_K(t)) + W``. One program takes a block of tokens and sweeps the sequence in

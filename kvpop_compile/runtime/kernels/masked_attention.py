@@ -1,4 +1,4 @@
-"""Prefill attention under the eviction-step mask (DESIGN §2): the query at position ``i`` sees
+"""Prefill attention under the eviction-step mask (design.md §2): the query at position ``i`` sees
 the key at position ``t`` iff ``t <= i < e_t``, flash-style, returning each query's log-sum-exp.
 The keys may begin with a held cache (a chunk of a long prompt continuing it): then every key
 carries its position, and the queries' own keys are the last ones.

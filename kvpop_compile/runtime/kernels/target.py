@@ -1,4 +1,4 @@
-"""Transposed-attention training target (DESIGN §4): for every key ``t``,
+"""Transposed-attention training target (design.md §4): for every key ``t``,
 ``log sum over d >= t + W of exp(q_d . k_t * scale - lse_d)`` — keys as queries — then the max
 over the query heads of the group, minus ``log N_t`` (or, for ``aggregate="max"``, a running max
 of ``q_d . k_t * scale - lse_d``: the largest attention one future query pays the key). O(N * D)

@@ -1,7 +1,7 @@
 """Floor 1 of the runtime: the plain-PyTorch reference of every ``kvpop`` op and of the policy.
 
 Nothing here imports Triton, so CPU-only code and tests always have an oracle; on CPU tensors
-the ops run these very functions (DESIGN §6). One family per file: ``attention`` (prefill under
+the ops run these very functions (design.md §6). One family per file: ``attention`` (prefill under
 eviction steps, one decode query), ``eviction`` (priorities and the eviction rule, streaming
 and parallel), ``evict`` (a decode step's in-place cache writes), ``target`` (the
 future-attention training target).

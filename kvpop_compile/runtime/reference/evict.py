@@ -1,5 +1,5 @@
 """In-place updates of a bounded cache's tensors for one decode step: the fused evict and the
-new token's write (DESIGN §5). Plain PyTorch, no Triton: the reference (and CPU implementation)
+new token's write (design.md §5). Plain PyTorch, no Triton: the reference (and CPU implementation)
 of the ``kvpop::evict`` and ``kvpop::write_token`` ops, whose Triton kernels are in
 :mod:`kvpop_compile.runtime.kernels.evict`.
 

@@ -1,4 +1,4 @@
-"""The KVpop eviction rule, streaming and parallel (DESIGN §2). Plain PyTorch, no Triton.
+"""The KVpop eviction rule, streaming and parallel (design.md §2). Plain PyTorch, no Triton.
 
 A token's priority is ``pi_t = rhat_t + lam * t`` (:func:`token_priority`, the one place it is
 computed).
@@ -33,7 +33,7 @@ EMPTY_SLOT_POSITION = torch.iinfo(torch.int64).max
 def token_priority(
     score: torch.Tensor, lam: float, positions: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Priorities ``score + lam * position`` in float32, higher = kept (DESIGN §2).
+    """Priorities ``score + lam * position`` in float32, higher = kept (design.md §2).
 
     Args:
         score: ``(..., N)`` the scorer's ``rhat`` (or the target's log attention).
@@ -173,7 +173,7 @@ def eviction_steps(priority: torch.Tensor, *, sinks: int, window: int, topk: int
 
     Args:
         priority: ``(..., N)`` static priorities ``rhat_t + lam * t`` (no NaN).
-        sinks, window, topk: the budget (DESIGN §2).
+        sinks, window, topk: the budget (design.md §2).
 
     Returns:
         ``(..., N)`` int64 ``e_t``: query ``i`` sees key ``t`` iff ``t <= i < e_t``; ``N`` for
@@ -253,7 +253,7 @@ def streaming_eviction_steps(
 
 @dataclass
 class BoundaryDecisions:
-    """The keep-or-drop decision the policy takes at every query ``q`` (DESIGN §4).
+    """The keep-or-drop decision the policy takes at every query ``q`` (design.md §4).
 
     At query ``q`` the token ``new = q - window`` leaves the window and is compared with the
     weakest entry of the full pool, ``boundary`` (the K-th strongest of ``[sinks, new)``).

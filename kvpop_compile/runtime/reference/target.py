@@ -1,4 +1,4 @@
-"""The future-attention training target (DESIGN §4), dense and transposed.
+"""The future-attention training target (design.md §4), dense and transposed.
 
 For KV head ``h`` and a query head ``g`` of its group, with ``p^g_{d->t}`` the full causal
 attention from query ``d`` to key ``t``:

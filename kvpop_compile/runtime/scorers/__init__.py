@@ -1,5 +1,5 @@
 """Floor 4 of the runtime: the scorers, one family per file behind the one :class:`Scorer`
-interface (:mod:`.base`), built from a config by :func:`build_scorer` (DESIGN §3).
+interface (:mod:`.base`), built from a config by :func:`build_scorer` (design.md §3).
 
 * :mod:`.mlp`: ``mlp``, learned and stateless; :mod:`.memory`: ``memory``, learned, delayed and
   stateful (the default); both built from :mod:`.layers`.

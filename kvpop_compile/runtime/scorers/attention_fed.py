@@ -1,4 +1,4 @@
-"""Attention-fed baselines (DESIGN §3): ``h2o`` (cumulative attention received) and ``tova``
+"""Attention-fed baselines (design.md §3): ``h2o`` (cumulative attention received) and ``tova``
 (the last query's attention). Their scores change every step, so they run through the
 bounded cache's decode steps only (the streaming rule)."""
 

@@ -1,4 +1,4 @@
-"""The ``Scorer`` interface: map a token's features to ``rhat_t``, higher = keep (DESIGN §3).
+"""The ``Scorer`` interface: map a token's features to ``rhat_t``, higher = keep (design.md §3).
 
 Every scorer works on one layer, per KV head, with inputs detached from the LLM and pre-RoPE keys
 (after ``k_norm``), so a score never depends on absolute position through the key. Scores are
@@ -9,7 +9,7 @@ One interface serves decode and prefill:
 * ``init_state(batch, device)`` → ``(B, H, *state_shape)`` recurrent state (empty for stateless).
 * ``update_state(state, k, v)`` → the state after seeing the new token ``(k, v)``: ``(B, H, D)``.
 * ``score(state, k, v, position)`` → ``(B, H)`` score of the token leaving the window, read
-  against the state *after* the update of the current step (the delay of DESIGN §3).
+  against the state *after* the update of the current step (the delay of design.md §3).
 * ``score_chunk(state, k, v, leaving_k, leaving_v, leaving_position)`` → ``(B, H, L)`` scores
   of the tokens leaving the window at each of ``L`` steps, plus the state after them: a prompt
   chunk's prefill, equal to ``L`` decode steps.

@@ -1,4 +1,4 @@
-"""Heuristic baselines scored from the token alone (DESIGN §3): ``window`` (StreamingLLM),
+"""Heuristic baselines scored from the token alone (design.md §3): ``window`` (StreamingLLM),
 ``knorm`` (kvpress's key norm) and ``random``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``memory`` scorer: a delayed, stateful scorer with a gated matrix memory (DESIGN §3).
+"""The ``memory`` scorer: a delayed, stateful scorer with a gated matrix memory (design.md §3).
 
 Per KV head, a matrix memory in the mLSTM / gated-linear-attention family sees every token:
 

@@ -1,4 +1,4 @@
-"""The ``mlp`` scorer: stateless, learned (DESIGN §3)."""
+"""The ``mlp`` scorer: stateless, learned (design.md §3)."""
 
 from __future__ import annotations
 
