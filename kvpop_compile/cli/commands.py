@@ -191,18 +191,24 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_command(args: argparse.Namespace) -> int:
+def _budget_and_model(args: argparse.Namespace):
+    """The ``KVpopConfig`` of the budget arguments, and the untransformed ``--model``."""
     from transformers import AutoModelForCausalLM
 
     from ..config import KVpopConfig
-    from ..engines import export
-    from ..scorer_io import load_scorer
-    from ..transform import transform
 
     config = KVpopConfig(
         sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
     )
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    return config, AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from ..engines import export
+    from ..scorer_io import load_scorer
+    from ..transform import transform
+
+    config, model = _budget_and_model(args)
     model = transform(model.eval(), config)
     if args.scorer_path:
         load_scorer(model, args.scorer_path)
@@ -214,15 +220,11 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from ..config import KVpopConfig
     from ..training import TrainSettings, train_scorer
 
-    config = KVpopConfig(
-        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
-    )
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
+    config, model = _budget_and_model(args)
     tokenizer = None
     if args.tokenizer == "model":
         encode = AutoTokenizer.from_pretrained(args.model)
