@@ -1,9 +1,10 @@
 """Policy overhead: what scoring and eviction add to a decode step.
 
 Two steps on one layer's bounded cache of the same capacity, full and past it: the KVpop step
-(``decode_step``: scorer update, score of the token leaving the window, fused evict, write,
-attend) and a plain static-cache step (write the token into its slot, attend over the same
-slots). The difference is the policy and nothing else: same cache, same attention op.
+(``decode_step``: scorer update, score of the token leaving the window, the cache update that
+evicts it and writes the new token, attend) and a plain static-cache step (write the token into
+its slot with plain PyTorch indexing, as a static cache does; attend over the same slots). The
+difference is the policy and nothing else: same cache, same attention op.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from kvpop_compile.runtime import (
     BoundedCacheState,
     build_scorer,
     decode_step,
-    evict_,
     leaving_token,
-    write_token_,
+    update_cache_,
 )
+from kvpop_compile.runtime.reference.evict import write_new_token_
 
 from .cache_fill import fill_bounded_state
 from .harness import SHAPES, Section, Target, Timing, context_label, interleave, table
 
 KVPOP, PLAIN = "KVpop step", "plain step"
-SCORE, EVICT = "scorer update + score", "evict"
+SCORE, EVICT = "scorer update + score", "evict + write"
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,10 @@ QUICK = Settings(
 def _plain_step(state: BoundedCacheState, q, k, raw_k, v, *, config: kc.KVpopConfig, scale):
     """A static-cache decode step on the same slots: write the token, attend. No scoring and
     no eviction: the token in the ring slot is simply overwritten."""
-    write_token_(state, k, raw_k, v, config)
+    write_new_token_(
+        state.keys, state.values, state.positions, state.window_keys, state.statistic,
+        state.seen, k, raw_k, v, config.sinks, config.topk, config.window,
+    )  # fmt: skip
     out, _ = torch.ops.kvpop.decode_attention(
         q, state.keys, state.values, state.positions, scale, False
     )
@@ -82,10 +86,11 @@ def _score(state: BoundedCacheState, q, k, raw_k, v, *, scorer, config: kc.KVpop
 
 
 def _evict(state: BoundedCacheState, q, k, raw_k, v, *, config: kc.KVpopConfig):
-    """The eviction part of ``decode_step``: the leaving token against the pool's weakest entry
-    (with a random priority: the comparison and the write are the same whichever wins)."""
+    """The cache update of ``decode_step``: the leaving token against the pool's weakest entry
+    (with a random priority: the comparison and the write are the same whichever wins), then
+    the new token's write."""
     leaving = leaving_token(state, config)
-    evict_(state, leaving, torch.randn(leaving.position.shape), config)
+    update_cache_(state, leaving, torch.randn(leaving.position.shape), k, raw_k, v, config)
     state.seen.add_(1)
 
 
@@ -149,8 +154,9 @@ def _report(settings, timings: dict[tuple[str, str], Timing], model: ModelStep |
         method=(
             f"One attention layer of `{settings.shape}` shapes, batch 1, float32, "
             f"`{config.scorer.value}` scorer: the KVpop step (`decode_step`: scorer update, "
-            "score of the token leaving the window, fused evict, write, attend) and a plain "
-            "static-cache step (write the token into its slot, attend with the same op) on "
+            "score of the token leaving the window, one cache update that evicts it and writes "
+            "the new token, attend) and a plain static-cache step (write the token into its "
+            "slot with PyTorch indexing, attend with the same op) on "
             f"caches of the same {config.capacity} slots, filled as after "
             f"{context_label(settings.context)} tokens (full: every KVpop step evicts); and the "
             f"policy's two parts alone. ms per step, median ± half the range of "
@@ -197,7 +203,10 @@ def _limit_note(timings, modes: list[str]) -> str:
     """Which part of the policy costs most, and whether compilation made it slower."""
     mode = modes[-1]
     score, evict = (timings[part, mode].median * 1e3 for part in (SCORE, EVICT))
-    note = f"Alone ({mode}), scoring takes {score:.3f} ms and eviction {evict:.3f} ms per step."
+    note = (
+        f"Alone ({mode}), scoring takes {score:.3f} ms and the cache update (evict + write) "
+        f"{evict:.3f} ms per step."
+    )
     if len(modes) > 1:
         eager = timings[EVICT, "eager"].median * 1e3
         if evict > 2 * eager:

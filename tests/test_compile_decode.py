@@ -50,8 +50,8 @@ def test_compiled_decode_step_has_one_graph_and_matches_eager(kind, device):
             out = compiled(compiled_state, q, k, raw_k, v)
         torch.testing.assert_close(out, step(eager_state, q, k, raw_k, v), rtol=1e-5, atol=1e-5)
     assert len(graphs) == 1  # compiled once, reused for every step
-    assert {"kvpop.evict", "kvpop.write_token", "kvpop.decode_attention"} <= graphs[0]
+    assert {"kvpop.update_cache", "kvpop.decode_attention"} <= graphs[0]
     if device == "cuda":  # the hand-written kernels, not Inductor's lowering of the references
-        for kernel in ("_evict_kernel", "_write_token_kernel", "_partial_kernel"):
+        for kernel in ("_update_cache_kernel", "_partial_kernel"):
             assert any(kernel in source for source in code), kernel
     assert compiled_state.cached_positions() == eager_state.cached_positions()

@@ -1,4 +1,5 @@
-"""Triton cache-update kernels (fused evict, new-token write) ≡ their references, exactly.
+"""The Triton cache-update kernel (fused evict, then the new token's write, in one launch) ≡ its
+reference, exactly.
 
 Through the ``kvpop`` ops, so the device dispatch is tested too. Hypothesis draws shapes, ties,
 empty slots, ``-inf`` priorities and tokens that are not there (position -1)."""
@@ -13,7 +14,7 @@ from kernel_support import kernel_devices, kernels_enabled
 
 from kvpop_compile.runtime import ops  # noqa: F401
 from kvpop_compile.runtime.kernels import evict as evict_kernels
-from kvpop_compile.runtime.reference.evict import evict_into_pool_, write_new_token_
+from kvpop_compile.runtime.reference.evict import update_cache_
 
 pytestmark = pytest.mark.parametrize("device", kernel_devices())
 
@@ -45,53 +46,51 @@ def cache_tensors(c, device):
     return [t.to(device) for t in (keys, values, positions, priorities, statistic)], g
 
 
-@settings(max_examples=25)
-@given(c=caches(), pool_chunk=st.sampled_from([2, 4, evict_kernels.POOL_CHUNK]))
-def test_evict_kernel_matches_reference(device, c, pool_chunk):
-    """``pool_chunk`` < topk makes the weakest-entry search run over several chunks."""
+@settings(max_examples=40)
+@given(
+    c=caches(),
+    seen=st.integers(0, 40),
+    pool_chunk=st.sampled_from([2, 4, evict_kernels.POOL_CHUNK]),
+)
+def test_update_cache_kernel_matches_reference(device, c, seen, pool_chunk):
+    """``pool_chunk`` < topk makes the weakest-entry search run over several chunks; ``seen``
+    below ``sinks`` writes a sink slot, above it a ring slot."""
     cache, g = cache_tensors(c, device)
-    b, h, d = c["batch"], c["heads"], c["dim"]
+    keys, values, positions, priorities, statistic = cache
+    b, h, d, w = c["batch"], c["heads"], c["dim"], c["window"]
+    window_keys = torch.randn(b, h, w, d, generator=g)
     leaving_position = torch.randint(60, 80, (b, h), generator=g)
     leaving_position = torch.where(torch.rand(b, h, generator=g) < 0.2, -1, leaving_position)
     leaving = [torch.randn(b, h, d, generator=g), torch.randn(b, h, d, generator=g),
                leaving_position, torch.rand(b, h, generator=g),
                torch.randint(0, 3, (b, h), generator=g).float()]  # fmt: skip
-    leaving = [t.to(device) for t in leaving]
-    expected = [t.clone() for t in cache]
-    evict_into_pool_(*expected, *leaving, c["sinks"], c["topk"])
+    token = [torch.randn(b, h, 1, d, generator=g) for _ in range(3)]
+    seen_t = torch.full((b,), seen) + torch.arange(b)  # rows at their own positions
+    inputs = [t.to(device) for t in (*leaving, seen_t, *token)]
+    state = [keys, values, positions, priorities, window_keys.to(device), statistic]
+    expected = [t.clone() for t in state]
+    update_cache_(*expected, *inputs, c["sinks"], c["topk"], w)
     with kernels_enabled(device), mock.patch.object(evict_kernels, "POOL_CHUNK", pool_chunk):
-        torch.ops.kvpop.evict(*cache, *leaving, c["sinks"], c["topk"])
-    for name, got, want in zip(("keys", "values", "positions", "priorities", "statistic"),
-                               cache, expected, strict=True):  # fmt: skip
+        torch.ops.kvpop.update_cache(*state, *inputs, c["sinks"], c["topk"], w)
+    names = ("keys", "values", "positions", "priorities", "window_keys", "statistic")
+    for name, got, want in zip(names, state, expected, strict=True):
         assert torch.equal(got, want), name
 
 
-@settings(max_examples=25)
-@given(c=caches(), seen=st.integers(0, 40))
-def test_write_token_kernel_matches_reference(device, c, seen):
-    cache, g = cache_tensors(c, device)
-    keys, values, positions, _, statistic = cache
-    b, h, d, w = c["batch"], c["heads"], c["dim"], c["window"]
-    window_keys = torch.randn(b, h, w, d, generator=g).to(device)
-    token = [torch.randn(b, h, 1, d, generator=g).to(device) for _ in range(3)]
-    seen_t = torch.tensor(seen, device=device)
-    state = [keys, values, positions, window_keys, statistic]
-    expected = [t.clone() for t in state]
-    write_new_token_(*expected, seen_t, *token, c["sinks"], c["topk"], w)
-    with kernels_enabled(device):
-        torch.ops.kvpop.write_token(*state, seen_t, *token, c["sinks"], c["topk"], w)
-    for got, want in zip(state, expected, strict=True):
-        assert torch.equal(got, want)
-
-
-def test_evict_kernel_refuses_a_strided_cache(device):
+def test_update_cache_kernel_refuses_a_strided_cache(device):
     keys = torch.zeros(1, 1, 8, 4, device=device).transpose(2, 3)  # (1, 1, 4, 8), strided
     values = torch.zeros(1, 1, 4, 8, device=device)
     positions = torch.full((1, 1, 4), -1, device=device)
     priorities = torch.full((1, 1, 2), float("-inf"), device=device)
+    window_keys = torch.zeros(1, 1, 1, 8, device=device)
     statistic = torch.zeros(1, 1, 0, device=device)
     leaving = [torch.zeros(1, 1, 8, device=device), torch.zeros(1, 1, 8, device=device),
                torch.zeros(1, 1, dtype=torch.int64, device=device),
                torch.zeros(1, 1, device=device), torch.zeros(1, 1, device=device)]  # fmt: skip
+    token = [torch.zeros(1, 1, 1, 8, device=device) for _ in range(3)]
+    seen = torch.zeros(1, dtype=torch.int64, device=device)
     with kernels_enabled(device), pytest.raises(ValueError, match="keys must be contiguous"):
-        torch.ops.kvpop.evict(keys, values, positions, priorities, statistic, *leaving, 1, 2)
+        torch.ops.kvpop.update_cache(
+            keys, values, positions, priorities, window_keys, statistic, *leaving, seen, *token,
+            1, 2, 1,
+        )  # fmt: skip

@@ -38,10 +38,9 @@ def op_cases():
         "eviction_steps": (torch.randn(2, 3, 9), 1, 2, 3),
         "masked_attention": (q, k, v, steps, 0.5, 2),
         "decode_attention": (q[:, :, :1], state.keys, state.values, state.positions, 0.5),
-        "evict": (*state.tensors()[:3], state.priorities, state.statistic, *leaving,
-                  torch.randn(2, 2), 1, 3),
-        "write_token": (state.keys, state.values, state.positions, state.window_keys,
-                        state.statistic, state.seen, *new_token, 1, 3, 2),
+        "update_cache": (state.keys, state.values, state.positions, state.priorities,
+                         state.window_keys, state.statistic, *leaving, torch.randn(2, 2),
+                         state.seen, *new_token, 1, 3, 2),
     }  # fmt: skip
 
 
@@ -69,15 +68,21 @@ def test_attention_ops_equal_references():
         assert torch.equal(got, expected)
 
 
-def test_evict_op_takes_the_free_slot_then_the_weakest():
+def test_update_cache_op_takes_the_free_slot_then_writes_the_new_token():
     config, state = cache_after_a_few_tokens()
     key, value = torch.ones(2, 2, 4), torch.ones(2, 2, 4) * 2
     position, statistic = torch.full((2, 2), 6), torch.zeros(2, 2)
-    torch.ops.kvpop.evict(
-        state.keys, state.values, state.positions, state.priorities, state.statistic,
-        key, value, position, statistic, torch.full((2, 2), -5.0), 1, 3,
+    new_key = torch.full((2, 2, 1, 4), 3.0)
+    torch.ops.kvpop.update_cache(
+        state.keys, state.values, state.positions, state.priorities, state.window_keys,
+        state.statistic, key, value, position, statistic, torch.full((2, 2), -5.0), state.seen,
+        new_key, new_key, new_key, 1, 3, 2,
     )  # fmt: skip
     # Pool slots are 1..3 with positions [3, -1, 5]: the empty slot 2 is taken despite -5.
     assert state.positions[0, 0, 1:4].tolist() == [3, 6, 5]
     assert torch.equal(state.priorities[0, 0], torch.tensor([0.5, -5.0, 0.1]))
     assert torch.equal(state.keys[:, :, 2], key) and torch.equal(state.values[:, :, 2], value)
+    # Then position 8 goes into its ring slot: sinks + topk + (8 - sinks) % window = 4 + 1.
+    assert state.positions[0, 0, 5].item() == 8
+    assert torch.equal(state.keys[:, :, 5], new_key[:, :, 0])
+    assert torch.equal(state.window_keys[:, :, 1], new_key[:, :, 0])

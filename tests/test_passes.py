@@ -98,7 +98,7 @@ def test_decode_graph_carries_kvpop_ops():
     with torch.no_grad():
         traced = make_fx(gm)(hidden, cos, sin, *state.tensors())
     names = {str(node.target) for node in traced.graph.nodes}
-    assert {"kvpop.evict.default", "kvpop.write_token.default"} <= names
+    assert {"kvpop.update_cache.default", "kvpop.decode_attention.default"} <= names
     assert "kvpop.decode_attention.default" in names
 
 

@@ -17,7 +17,7 @@ Training-only code (the target's losses, the distillation student) lives in
 from .bounded_attention import BoundedAttention
 from .cache import BoundedCacheState
 from .chunk_step import chunk_step
-from .decode_step import decode_step, decode_tokens, evict_, leaving_token, write_token_
+from .decode_step import decode_step, decode_tokens, leaving_token, update_cache_
 from .reference import (
     BoundaryDecisions,
     bounded_decode_attention,
@@ -60,7 +60,6 @@ __all__ = [
     "chunk_step",
     "decode_step",
     "decode_tokens",
-    "evict_",
     "eviction_steps",
     "future_attention_target",
     "future_attention_target_dense",
@@ -70,6 +69,6 @@ __all__ = [
     "running_topk_boundary",
     "streaming_eviction_steps",
     "token_priority",
+    "update_cache_",
     "weakest_slot",
-    "write_token_",
 ]

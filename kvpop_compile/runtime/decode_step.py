@@ -1,8 +1,9 @@
 """``decode_step``: one token through a layer's bounded cache, in place (design.md §5).
 
 The decode step is split into the pieces a compiled graph carries as separate ops — read the
-token leaving the window, evict, write the new token, attend — each written without ``.item()``
-or a Python branch on data, so one traced step serves every step. Its counterpart for ``L``
+token leaving the window, update the cache (evict or drop that token, write the new one),
+attend — each written without ``.item()`` or a Python branch on data, so one traced step serves
+every step. Its counterpart for ``L``
 tokens at once is :func:`~.chunk_step.chunk_step`, with the same contract: ``L`` decode steps
 and one chunk step leave the same cache and return the same outputs (to float rounding).
 """
@@ -68,30 +69,23 @@ def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken
     )
 
 
-def evict_(
-    state: BoundedCacheState, leaving: LeavingToken, priority: torch.Tensor, config: KVpopConfig
-) -> None:
-    """Move the leaving token into the pool if it beats the pool's weakest entry
-    (``kvpop::evict``; ``priority (B, H)``). A free slot is always taken."""
-    torch.ops.kvpop.evict(
-        state.keys, state.values, state.positions, state.priorities, state.statistic,
-        leaving.key, leaving.value, leaving.position, leaving.statistic, priority,
-        config.sinks, config.topk,
-    )  # fmt: skip
-
-
-def write_token_(
+def update_cache_(
     state: BoundedCacheState,
+    leaving: LeavingToken,
+    priority: torch.Tensor,
     key: torch.Tensor,
     raw_key: torch.Tensor,
     value: torch.Tensor,
     config: KVpopConfig,
 ) -> None:
-    """Write the new token (``(B, H, 1, D)`` each) at position ``seen``: a sink slot for
-    ``seen < sinks``, otherwise the ring slot the leaving token vacated (``kvpop::write_token``)."""
-    torch.ops.kvpop.write_token(
-        state.keys, state.values, state.positions, state.window_keys, state.statistic,
-        state.seen, key, raw_key, value, config.sinks, config.topk, config.window,
+    """Move the leaving token into the pool if it beats the pool's weakest entry (``priority
+    (B, H)``; a free slot is always taken), then write the new token (``(B, H, 1, D)`` each) at
+    position ``seen``: a sink slot for ``seen < sinks``, otherwise the ring slot the leaving
+    token vacated. One ``kvpop::update_cache`` op, one kernel launch on a GPU."""
+    torch.ops.kvpop.update_cache(
+        state.keys, state.values, state.positions, state.priorities, state.window_keys,
+        state.statistic, leaving.key, leaving.value, leaving.position, leaving.statistic,
+        priority, state.seen, key, raw_key, value, config.sinks, config.topk, config.window,
     )  # fmt: skip
 
 
@@ -165,8 +159,8 @@ def decode_step(
         rhat = leaving.statistic
     else:
         rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
-    evict_(state, leaving, token_priority(rhat, config.lam, leaving.position), config)
-    write_token_(state, k, raw_k, v, config)
+    priority = token_priority(rhat, config.lam, leaving.position)
+    update_cache_(state, leaving, priority, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(
         q, state.keys, state.values, state.positions, scale, attention_fed
     )

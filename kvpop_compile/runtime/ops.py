@@ -17,7 +17,7 @@ from torch.library import triton_op
 
 from .dispatch import use_triton
 from .reference import attention, eviction, target
-from .reference.evict import evict_into_pool_, write_new_token_
+from .reference.evict import update_cache_
 
 
 def _kernels():
@@ -88,38 +88,22 @@ def decode_attention(
     return out, probs if with_probs else probs[..., :0].clone()
 
 
-@triton_op("kvpop::evict", mutates_args=("keys", "values", "positions", "priorities", "statistic"))
-def evict(
+@triton_op(
+    "kvpop::update_cache",
+    mutates_args=("keys", "values", "positions", "priorities", "window_keys", "statistic"),
+)
+def update_cache(
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
     priorities: torch.Tensor,
+    window_keys: torch.Tensor,
     statistic: torch.Tensor,
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
     leaving_position: torch.Tensor,
     leaving_statistic: torch.Tensor,
     priority: torch.Tensor,
-    sinks: int,
-    topk: int,
-) -> None:
-    """Fused evict: argmin over the pool, compare, conditional overwrite (in place)."""
-    evict_into_pool = _kernels().evict_into_pool if use_triton(keys) else evict_into_pool_
-    evict_into_pool(
-        keys, values, positions, priorities, statistic, leaving_key, leaving_value,
-        leaving_position, leaving_statistic, priority, sinks, topk,
-    )  # fmt: skip
-
-
-@triton_op(
-    "kvpop::write_token", mutates_args=("keys", "values", "positions", "window_keys", "statistic")
-)
-def write_token(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    positions: torch.Tensor,
-    window_keys: torch.Tensor,
-    statistic: torch.Tensor,
     seen: torch.Tensor,
     key: torch.Tensor,
     raw_key: torch.Tensor,
@@ -128,11 +112,13 @@ def write_token(
     topk: int,
     window: int,
 ) -> None:
-    """Write each row's token at its position ``seen (B,)`` into its sink or window-ring slot
-    (in place)."""
-    write = _kernels().write_new_token if use_triton(keys) else write_new_token_
-    write(
-        keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
+    """A decode step's cache update in one op (in place): the fused evict (argmin over the
+    pool, compare, conditional overwrite) of the token leaving the window, then the new
+    token's write at each row's position ``seen (B,)`` into its sink or window-ring slot."""
+    update = _kernels().update_cache if use_triton(keys) else update_cache_
+    update(
+        keys, values, positions, priorities, window_keys, statistic, leaving_key, leaving_value,
+        leaving_position, leaving_statistic, priority, seen, key, raw_key, value,
         sinks, topk, window,
     )  # fmt: skip
 

@@ -8,17 +8,16 @@ Triton path (see :mod:`kvpop_compile.runtime.dispatch`).
 """
 
 from .decode_attention import bounded_decode_attention
-from .evict import evict_into_pool, write_new_token
+from .evict import update_cache
 from .eviction_steps import eviction_steps, running_topk_boundary
 from .masked_attention import masked_attention
 from .target import future_attention_target
 
 __all__ = [
     "bounded_decode_attention",
-    "evict_into_pool",
     "eviction_steps",
     "future_attention_target",
     "masked_attention",
     "running_topk_boundary",
-    "write_new_token",
+    "update_cache",
 ]

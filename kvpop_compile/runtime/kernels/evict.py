@@ -1,13 +1,16 @@
-"""The decode step's cache update (design.md §5), two launches per layer, each covering every
-(batch, KV head) at once. The fused evict moves the token leaving the window into the pool if it
-beats the pool's weakest entry; then the new token is written into its sink or window-ring slot.
+"""The decode step's cache update (design.md §5) in one launch per layer, covering every
+(batch, KV head) at once: the token leaving the window moves into the pool if it beats the
+pool's weakest entry (the fused evict), then the new token is written into its sink or
+window-ring slot. Two launches cost a decode step twice the launch latency at batch 1, where a
+step is launch-bound; one program does both for its row, since the two touch different slots
+(a pool slot, and a sink or ring slot).
 
 One program per (batch, head): load the pool's priorities and positions, find the weakest slot
 (lowest priority; among equals the newest position; an empty slot before any token), compare the
 leaving token with it, and overwrite key, value, position, priority (and the attention statistic)
-in place when the token wins. No host synchronisation, no data-dependent launch.
-References: :func:`kvpop_compile.runtime.reference.evict.evict_into_pool_` and
-:func:`~kvpop_compile.runtime.reference.evict.write_new_token_`.
+in place when the token wins; then write the new token. No host synchronisation, no
+data-dependent launch. ``EVICT=False`` is the write alone (a cache without a pool).
+Reference: :func:`kvpop_compile.runtime.reference.evict.update_cache_`.
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ POOL_CHUNK = 1024
 
 
 @triton.jit
-def _evict_kernel(
-    keys, values, positions, priorities, statistic,
+def _evict_row(
+    row, keys, values, positions, priorities, statistic,
     leaving_key, leaving_value, leaving_position, leaving_statistic, priority,
     sinks, topk, capacity, dim,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
     # Weakest entry: lowest priority, then the newest position (an empty slot, -1, counts as
     # newer than any token), then the first slot — exactly the reference's order. The pool is
     # scanned in chunks of BLOCK_K with a running best, so a large pool does not spill registers.
@@ -81,52 +83,12 @@ def _evict_kernel(
         tl.store(statistic + row * capacity + slot, tl.load(leaving_statistic + row), mask=wins)
 
 
-def evict_into_pool(
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    positions: torch.Tensor,
-    priorities: torch.Tensor,
-    statistic: torch.Tensor,
-    leaving_key: torch.Tensor,
-    leaving_value: torch.Tensor,
-    leaving_position: torch.Tensor,
-    leaving_statistic: torch.Tensor,
-    priority: torch.Tensor,
-    sinks: int,
-    topk: int,
-) -> None:
-    """Triton version of :func:`~kvpop_compile.runtime.reference.evict.evict_into_pool_`, same
-    arguments and shapes: cache ``keys, values (B, H, C, D)``, ``positions (B, H, C)`` int64,
-    ``priorities (B, H, K)``, ``statistic (B, H, C)`` or ``(B, H, 0)`` (all contiguous, updated
-    in place); the leaving token's ``key, value (B, H, D)``, ``position, statistic, priority
-    (B, H)``."""
-    if topk == 0:
-        return
-    require_contiguous(
-        keys=keys, values=values, positions=positions, priorities=priorities, statistic=statistic
-    )
-    batch, heads, capacity, dim = keys.shape
-    has_statistic = statistic.shape[-1] > 0
-    wrap_triton(_evict_kernel)[(batch * heads,)](
-        keys, values, positions, priorities, statistic,
-        leaving_key.to(keys.dtype).contiguous(),
-        leaving_value.to(values.dtype).contiguous(),
-        leaving_position.to(torch.int64).contiguous(),
-        leaving_statistic.to(statistic.dtype).contiguous(),
-        priority.to(priorities.dtype).contiguous(),
-        sinks, topk, capacity, dim,
-        BLOCK_K=min(next_power_of_2(topk), POOL_CHUNK), BLOCK_D=next_power_of_2(dim),
-        HAS_STATISTIC=has_statistic,
-    )  # fmt: skip
-
-
 @triton.jit
-def _write_token_kernel(
-    keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
+def _write_row(
+    row, keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
     heads, sinks, topk, window, capacity, dim,
     BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
     position = tl.load(seen + row // heads)  # the row's batch entry
     ring = (position - sinks) % window
     ring = tl.where(ring < 0, ring + window, ring)  # the sign of % follows C for negatives
@@ -146,12 +108,40 @@ def _write_token_kernel(
         tl.store(statistic + row * capacity + slot, 0.0)
 
 
-def write_new_token(
+@triton.jit
+def _update_cache_kernel(
+    keys, values, positions, priorities, window_keys, statistic,
+    leaving_key, leaving_value, leaving_position, leaving_statistic, priority,
+    seen, key, raw_key, value,
+    heads, sinks, topk, window, capacity, dim,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_STATISTIC: tl.constexpr,
+    EVICT: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
+    if EVICT:
+        _evict_row(
+            row, keys, values, positions, priorities, statistic,
+            leaving_key, leaving_value, leaving_position, leaving_statistic, priority,
+            sinks, topk, capacity, dim, BLOCK_K, BLOCK_D, HAS_STATISTIC,
+        )  # fmt: skip
+    _write_row(
+        row, keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
+        heads, sinks, topk, window, capacity, dim, BLOCK_D, HAS_STATISTIC,
+    )  # fmt: skip
+
+
+def update_cache(
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
+    priorities: torch.Tensor,
     window_keys: torch.Tensor,
     statistic: torch.Tensor,
+    leaving_key: torch.Tensor,
+    leaving_value: torch.Tensor,
+    leaving_position: torch.Tensor,
+    leaving_statistic: torch.Tensor,
+    priority: torch.Tensor,
     seen: torch.Tensor,
     key: torch.Tensor,
     raw_key: torch.Tensor,
@@ -160,19 +150,28 @@ def write_new_token(
     topk: int,
     window: int,
 ) -> None:
-    """Triton version of :func:`~kvpop_compile.runtime.reference.evict.write_new_token_`, same
-    arguments: each row's token at its position ``seen`` (``(B,) int64``) with ``key, raw_key, value
-    (B, H, 1, D)`` goes into its sink or window-ring slot; ``window_keys (B, H, W, D)``."""
+    """Triton version of :func:`~kvpop_compile.runtime.reference.evict.update_cache_`, same
+    arguments and shapes: cache ``keys, values (B, H, C, D)``, ``positions (B, H, C)`` int64,
+    ``priorities (B, H, K)``, ``window_keys (B, H, W, D)``, ``statistic (B, H, C)`` or
+    ``(B, H, 0)`` (all contiguous, updated in place); the leaving token's ``key, value
+    (B, H, D)``, ``position, statistic, priority (B, H)``; the new token's position ``seen
+    (B,)`` int64 and ``key, raw_key, value (B, H, 1, D)``."""
     require_contiguous(
-        keys=keys, values=values, positions=positions, window_keys=window_keys,
-        statistic=statistic,
+        keys=keys, values=values, positions=positions, priorities=priorities,
+        window_keys=window_keys, statistic=statistic,
     )  # fmt: skip
     batch, heads, capacity, dim = keys.shape
-    wrap_triton(_write_token_kernel)[(batch * heads,)](
-        keys, values, positions, window_keys, statistic,
+    wrap_triton(_update_cache_kernel)[(batch * heads,)](
+        keys, values, positions, priorities, window_keys, statistic,
+        leaving_key.to(keys.dtype).contiguous(),
+        leaving_value.to(values.dtype).contiguous(),
+        leaving_position.to(torch.int64).contiguous(),
+        leaving_statistic.to(statistic.dtype).contiguous(),
+        priority.to(priorities.dtype).contiguous(),
         seen.to(torch.int64).expand(batch).contiguous(),
         key.to(keys.dtype).contiguous(), raw_key.to(window_keys.dtype).contiguous(),
         value.to(values.dtype).contiguous(),
         heads, sinks, topk, window, capacity, dim,
-        BLOCK_D=next_power_of_2(dim), HAS_STATISTIC=statistic.shape[-1] > 0,
+        BLOCK_K=min(next_power_of_2(topk), POOL_CHUNK), BLOCK_D=next_power_of_2(dim),
+        HAS_STATISTIC=statistic.shape[-1] > 0, EVICT=topk > 0,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """In-place updates of a bounded cache's tensors for one decode step: the fused evict and the
-new token's write (design.md §5). Plain PyTorch, no Triton: the reference (and CPU implementation)
-of the ``kvpop::evict`` and ``kvpop::write_token`` ops, whose Triton kernels are in
-:mod:`kvpop_compile.runtime.kernels.evict`.
+new token's write (design.md §5). Plain PyTorch, no Triton: :func:`update_cache_` is the
+reference (and CPU implementation) of the ``kvpop::update_cache`` op, whose Triton kernel, one
+launch for both, is in :mod:`kvpop_compile.runtime.kernels.evict`.
 
 Written on bare tensors so that an op schema can carry them, with no ``.item()`` and no Python
 branch on data: one traced step serves every step.
@@ -112,3 +112,37 @@ def write_new_token_(
     window_keys.index_put_(at_ring, raw_key[:, :, 0].to(window_keys.dtype))
     if statistic.shape[-1]:
         statistic.index_put_(at_slot, torch.zeros((), dtype=statistic.dtype, device=keys.device))
+
+
+def update_cache_(
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    priorities: torch.Tensor,
+    window_keys: torch.Tensor,
+    statistic: torch.Tensor,
+    leaving_key: torch.Tensor,
+    leaving_value: torch.Tensor,
+    leaving_position: torch.Tensor,
+    leaving_statistic: torch.Tensor,
+    priority: torch.Tensor,
+    seen: torch.Tensor,
+    key: torch.Tensor,
+    raw_key: torch.Tensor,
+    value: torch.Tensor,
+    sinks: int,
+    topk: int,
+    window: int,
+) -> None:
+    """One decode step's cache update, in place: :func:`evict_into_pool_` of the leaving token,
+    then :func:`write_new_token_` of the new one into the ring slot it vacated (shapes as
+    there). The two touch different slots, so the order only matters for the leaving token's
+    copies, which the caller has already read."""
+    evict_into_pool_(
+        keys, values, positions, priorities, statistic, leaving_key, leaving_value,
+        leaving_position, leaving_statistic, priority, sinks, topk,
+    )  # fmt: skip
+    write_new_token_(
+        keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
+        sinks, topk, window,
+    )  # fmt: skip
