@@ -1,4 +1,4 @@
-"""kvpress's presses on the embedded model under the prompt-compression protocol.
+"""kvpress's presses on the embedded model: prompt compression, and long-range recall.
 
 NVIDIA's kvpress pins a transformers older than kvpop_compile needs, so its presses run in a
 virtual environment of their own (created on first use) through
@@ -8,6 +8,12 @@ benchmark reads::
 
     python benchmarks/kvpress_eval.py [--sequences 64] [--venv .venv-kvpress]
         [--out benchmarks/results/kvpress.json]
+
+With ``--recall`` it asks the recall benchmark's held-out items instead (the same items, built
+by the same call as ``kvpop-compile eval --recall``), and the recall report reads the result::
+
+    python benchmarks/kvpress_eval.py --recall [--items 64] [--lengths 1024,2048]
+        [--protocols prefill,decode] [--out benchmarks/results/kvpress_recall.json]
 """
 
 from __future__ import annotations
@@ -28,14 +34,21 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 import torch  # noqa: E402
 
 from kvpop_compile.atomic import atomic_write  # noqa: E402
+from kvpop_compile.embedded.corpus import encode  # noqa: E402
 from kvpop_compile.embedded.model import EMBEDDED_MODEL  # noqa: E402
+from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import (  # noqa: E402
     PROMPT_LENGTH,
     Sequence,
     held_out_sequences,
 )
 from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
-from kvpop_compile.evaluation.methods import BUDGETS, WINDOW  # noqa: E402
+from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, capacities  # noqa: E402
+from kvpop_compile.evaluation.recall import (  # noqa: E402
+    RECALL_PROTOCOLS,
+    RECALL_SEED,
+    decode_stretch,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "kvpress_worker.py"
@@ -53,6 +66,35 @@ PROTOCOL = (
     "Press 'none' keeps the whole prompt (budget 0%). StreamingLLM and ExpectedAttention keep "
     f"4 sink tokens. Long-range targets: long_range_targets(ids, {WINDOW}) over the whole "
     "sequence, restricted to the scored bytes."
+)
+
+DECODE_INTERVAL = 65
+"""Forwards between two of kvpress's compressions in the decode protocol. ``DecodingPress``
+empties its buffer of recent queries at each compression, and SnapKV scores from a 64-query
+window that it requires the buffer to exceed, so 65 is the shortest interval every press here
+runs at; one interval for all keeps the presses comparable with one another."""
+
+RECALL_PROTOCOL = (
+    "Recall: the held-out items of `kvpop-compile eval --recall` (recall_items('held_out', task, "
+    f"length, items, seed {RECALL_SEED})), scored by the exact match of the greedy answer. "
+    "Prefill protocol: the prompt but its last token is prefilled with the press active, which "
+    "keeps the budget's tokens per layer and KV head (capacities(length): 512 and 256 at 2048 "
+    "bytes, 256 and 128 at 1024, for 75% and 88%); the last prompt token and then the answer "
+    "are fed one per forward at their true positions with no press, so every answer token is "
+    "chosen from the compressed cache (the prefill's own logits, computed with the whole prompt "
+    "in view, are not used). The question is inside the prefilled prompt, so a press that looks "
+    "at the latest queries (SnapKV's 64-token window, TOVA) sees it when it compresses. Decode "
+    "protocol (lengths with room for a stretch, as in the project's): the prompt up to the "
+    "question line is prefilled with the press, then as many greedy tokens as the item is long, "
+    "the question and the answer are fed one per forward while kvpress's DecodingPress (inside "
+    f"PrefillDecodingPress) compresses the cache back to the budget every {DECODE_INTERVAL} "
+    "forwards, the shortest interval at which SnapKV runs: between compressions the cache holds "
+    f"up to {DECODE_INTERVAL} tokens more than the budget, where the project's bounded cache "
+    "never exceeds it. kvpress warns that some presses do not fit its DecodingPress: SnapKV "
+    "rotates its buffered queries to the current position, ExpectedAttention averages RoPE over "
+    "positions counted from the buffer's length. Press 'none' (budget 0%) is kvpress's "
+    "environment with no press, a check against the project's full attention. StreamingLLM and "
+    "ExpectedAttention keep 4 sink tokens."
 )
 
 
@@ -114,6 +156,107 @@ def summarise(worker_result: dict, sequences: list[Sequence], prompt_length: int
     return {"versions": worker_result["versions"], "results": results, "errors": errors}
 
 
+def recall_groups(
+    tasks=TASKS, lengths=CONTEXT_LENGTHS, count: int = 64, seed: int = RECALL_SEED
+) -> dict[str, list[RecallItem]]:
+    """``{"task@length": items}``: the held-out items the recall benchmark asks, by the same
+    call and in the same order as :func:`kvpop_compile.evaluation.recall.run_recall`."""
+    return {
+        f"{task}@{length}": recall_items("held_out", task, length, count, seed)
+        for task in tasks
+        for length in lengths
+    }
+
+
+def question_cut(items: list[RecallItem]) -> int:
+    """Where the question line starts in each prompt of ``items``: the decode protocol's cut,
+    as :func:`kvpop_compile.evaluation.recall.greedy_answers` finds it; the items must share it."""
+    cuts = sorted({item.prompt.rindex(b"\n") + 1 for item in items})
+    if len(cuts) != 1:
+        raise ValueError(f"items of one group must share the question's start, got {cuts}")
+    return cuts[0]
+
+
+def runnable_protocols(protocols, lengths, max_positions: int) -> tuple[str, ...]:
+    """``protocols`` without ``decode`` when no length leaves room for a stretch (the project
+    does not run it there either), with a line saying so."""
+    if "decode" in protocols and not any(decode_stretch(n, max_positions) for n in lengths):
+        print(f"decode protocol left out: no room for a stretch at {list(lengths)} bytes")
+        return tuple(p for p in protocols if p != "decode")
+    return tuple(protocols)
+
+
+def recall_job(groups: dict, protocols, max_positions: int, batch: int) -> dict:
+    """The worker's recall job (without the model folder): each group's prompt and answer ids,
+    its tokens kept per budget (``capacities(length)``), question cut and decode stretch."""
+    return {
+        "mode": "recall",
+        "presses": list(PRESSES),
+        "budgets": list(BUDGETS),
+        "protocols": list(protocols),
+        "batch": batch,
+        "decode_interval": DECODE_INTERVAL,
+        "groups": [
+            {
+                "name": name,
+                "prompts": [encode(item.prompt).tolist() for item in items],
+                "answers": [encode(item.answer).tolist() for item in items],
+                "kept": capacities(items[0].context_length),
+                "cut": question_cut(items),
+                "stretch": decode_stretch(items[0].context_length, max_positions),
+            }
+            for name, items in groups.items()
+        ],
+    }
+
+
+def exact_answers(tokens: list, items: list[RecallItem]) -> list[float]:
+    """1.0 per item whose greedy answer ``tokens`` (one list per item) equals its answer bytes
+    in every position, else 0.0 (as :func:`kvpop_compile.evaluation.recall.answer_exactly`)."""
+    if len(tokens) != len(items):
+        raise ValueError(f"{len(tokens)} answers for {len(items)} items")
+    exact = []
+    for answer, item in zip(tokens, items, strict=True):
+        expected = encode(item.answer)  # (A,)
+        if len(answer) != expected.numel():
+            raise ValueError(f"an answer of {len(answer)} tokens for {item.answer!r}")
+        exact.append(float(torch.equal(torch.tensor(answer, dtype=torch.long), expected)))
+    return exact
+
+
+def summarise_recall(worker_result: dict, groups: dict[str, list[RecallItem]]) -> dict:
+    """Per press, budget and protocol: ``{"task@length": [1.0/0.0 per item]}``, or the error.
+
+    ``worker_result`` is what the worker writes for a recall job (greedy answer tokens per
+    item). A failed run is kept as ``{"error": message}`` and listed under ``errors`` as
+    ``"press budget protocol: message"``; ``exact_match`` holds each group's mean.
+    """
+    results: dict[str, dict] = {}
+    means: dict[str, dict] = {}
+    errors = []
+    for press, budgets in worker_result["results"].items():
+        results[press], means[press] = {}, {}
+        for budget, protocols in budgets.items():
+            results[press][budget], means[press][budget] = {}, {}
+            for protocol, outcome in protocols.items():
+                if "error" in outcome:
+                    results[press][budget][protocol] = {"error": outcome["error"]}
+                    errors.append(f"{press} {budget} {protocol}: {outcome['error']}")
+                    continue
+                unknown = sorted(set(outcome) - set(groups))
+                if unknown:
+                    raise ValueError(f"{press} {budget} {protocol}: unknown groups {unknown}")
+                exact = {g: exact_answers(tokens, groups[g]) for g, tokens in outcome.items()}
+                results[press][budget][protocol] = exact
+                means[press][budget][protocol] = {g: sum(v) / len(v) for g, v in exact.items()}
+    return {
+        "versions": worker_result["versions"],
+        "results": results,
+        "exact_match": means,
+        "errors": errors,
+    }
+
+
 def ensure_venv(venv: Path) -> Path:
     """The Python of ``venv``, creating the venv and installing kvpress first if needed."""
     python = venv / "bin" / "python"
@@ -157,16 +300,23 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=64)
-    parser.add_argument("--venv", type=Path, default=ROOT / ".venv-kvpress")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/kvpress.json")
-    args = parser.parse_args(argv)
-    if args.sequences < 1:
-        parser.error(f"--sequences must be >= 1, got {args.sequences}")
+def run_worker(python: Path, job: dict, scratch: Path) -> dict:
+    """Run the worker on ``job`` in kvpress's venv; what it writes. Its progress lines go
+    straight to our stdout."""
+    (scratch / "job.json").write_text(json.dumps(job))
+    command = [python, WORKER, scratch / "job.json", scratch / "result.json"]
+    subprocess.run([str(part) for part in command], check=True)
+    return json.loads((scratch / "result.json").read_text())
 
-    python = ensure_venv(args.venv.resolve())
+
+def write_summary(out: Path, summary: dict) -> None:
+    """Write ``summary`` to ``out`` atomically (its folder created if missing)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
+
+
+def run_sequences(args: argparse.Namespace, python: Path) -> None:
+    """The prompt-compression protocol on the held-out sequences, into ``args.out``."""
     sequences = held_out_sequences(args.sequences)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
@@ -179,11 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             "budgets": BUDGETS,
             "presses": list(PRESSES),
         }
-        (scratch / "job.json").write_text(json.dumps(job))
-        # The worker's progress lines go straight to our stdout.
-        command = [python, WORKER, scratch / "job.json", scratch / "result.json"]
-        subprocess.run([str(part) for part in command], check=True)
-        worker_result = json.loads((scratch / "result.json").read_text())
+        worker_result = run_worker(python, job, scratch)
     summary = summarise(worker_result, sequences, PROMPT_LENGTH)
     summary.update(
         protocol=PROTOCOL,
@@ -194,8 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint_sha256=sha256,
         elapsed_s=round(time.perf_counter() - start, 1),
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
+    write_summary(args.out, summary)
     for press, budgets in summary["results"].items():
         for budget, figures in budgets.items():
             shown = figures.get("error") or (
@@ -203,6 +348,93 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(f"{press:>20} {budget:>4}: {shown}")
     print(f"wrote {args.out} ({summary['elapsed_s']:.0f} s)")
+
+
+def run_recall(args: argparse.Namespace, python: Path) -> None:
+    """The recall items under both protocols, into ``args.out``."""
+    groups = recall_groups(TASKS, args.lengths, args.items, RECALL_SEED)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        sha256 = snapshot_checkpoint(EMBEDDED_MODEL, scratch / "model")
+        config = json.loads((scratch / "model" / "config.json").read_text())
+        max_positions = config["max_position_embeddings"]
+        protocols = runnable_protocols(args.protocols, args.lengths, max_positions)
+        job = recall_job(groups, protocols, max_positions, args.batch)
+        worker_result = run_worker(python, {**job, "model": str(scratch / "model")}, scratch)
+    summary = summarise_recall(worker_result, groups)
+    summary.update(
+        protocol=RECALL_PROTOCOL,
+        items=args.items,
+        tasks=list(TASKS),
+        lengths=list(args.lengths),
+        protocols=list(protocols),
+        seed=RECALL_SEED,
+        stretch={str(n): decode_stretch(n, max_positions) for n in args.lengths},
+        budgets={str(n): capacities(n) for n in args.lengths},
+        decode_interval=DECODE_INTERVAL,
+        checkpoint_sha256=sha256,
+        elapsed_s=round(time.perf_counter() - start, 1),
+    )
+    write_summary(args.out, summary)
+    for press, budgets in summary["results"].items():
+        for budget, protocols in budgets.items():
+            for protocol, outcome in protocols.items():
+                means = summary["exact_match"][press][budget].get(protocol, {})
+                shown = outcome.get("error") or ", ".join(
+                    f"{g} {100 * v:.1f}%" for g, v in means.items()
+                )
+                print(f"{press:>20} {budget:>4} {protocol:>7}: {shown}")
+    print(f"wrote {args.out} ({summary['elapsed_s']:.0f} s)")
+
+
+def _names(text: str, known: tuple, what: str) -> tuple:
+    """``text`` split at commas, each name checked against ``known`` (an ``ArgumentTypeError``
+    naming the bad one)."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if name not in known:
+            raise argparse.ArgumentTypeError(
+                f"{what} must be among {', '.join(map(str, known))}; got {name!r}"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError(f"no {what} given in {text!r}")
+    return names
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """Recall lengths ``"1024,2048"`` as integers, each one the benchmark asks at."""
+    return tuple(int(n) for n in _names(text, tuple(map(str, CONTEXT_LENGTHS)), "lengths"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequences", type=int, default=64)
+    parser.add_argument("--recall", action="store_true", help="ask the held-out recall items")
+    parser.add_argument("--items", type=int, default=64, help="recall items per task and length")
+    parser.add_argument(
+        "--lengths", type=_lengths, default=CONTEXT_LENGTHS, help="recall lengths (1024,2048)"
+    )
+    parser.add_argument(
+        "--protocols", default=RECALL_PROTOCOLS, help="recall protocols (prefill,decode)",
+        type=lambda text: _names(text, RECALL_PROTOCOLS, "protocols"),
+    )  # fmt: skip
+    parser.add_argument("--batch", type=int, default=16, help="recall items per forward")
+    parser.add_argument("--venv", type=Path, default=ROOT / ".venv-kvpress")
+    parser.add_argument(
+        "--out", type=Path, help="results file (benchmarks/results/kvpress.json, or "
+        "kvpress_recall.json with --recall)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    for name in ("sequences", "items", "batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.out is None:
+        name = "kvpress_recall.json" if args.recall else "kvpress.json"
+        args.out = ROOT / "benchmarks/results" / name
+
+    python = ensure_venv(args.venv.resolve())
+    (run_recall if args.recall else run_sequences)(args, python)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The kvpress driver's summary: per-sequence figures, long-range slicing and failed presses."""
+"""The kvpress driver: per-sequence figures, long-range slicing and failed presses; recall items,
+their exact match, and the recall report's join."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -10,11 +12,29 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.kvpress_eval import sequence_figures, summarise
+from benchmarks.kvpress_eval import (
+    DECODE_INTERVAL,
+    question_cut,
+    recall_groups,
+    recall_job,
+    run_worker,
+    runnable_protocols,
+    sequence_figures,
+    summarise,
+    summarise_recall,
+)
 from kvpop_compile.atomic import atomic_write
+from kvpop_compile.cli.commands import eval_command
+from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.corpus import encode
+from kvpop_compile.embedded.model import EMBEDDED_MODEL
+from kvpop_compile.embedded.recall import recall_items
 from kvpop_compile.evaluation.data import Sequence
 from kvpop_compile.evaluation.long_range import long_range_targets
+from kvpop_compile.evaluation.methods import capacities
+from kvpop_compile.evaluation.recall import RECALL_SEED, answer_exactly, decode_stretch
+from kvpop_compile.evaluation.recall_kvpress import summarize_kvpress_recall
+from kvpop_compile.evaluation.recall_report import recall_document
 
 # "alpha_name" at byte 0 and again at byte 130: bytes 131..139 complete it from memory (its
 # previous occurrence is more than 64 bytes back), so they are the only long-range targets.
@@ -108,3 +128,179 @@ def test_summary_is_written_atomically(tmp_path):
 def test_fixture_long_range_targets():
     assert not long_range_targets(OTHER, 64).any()
     assert torch.equal(long_range_targets(IDS, 64).nonzero()[:, 0], torch.arange(131, 140))
+
+
+# --- recall: the driver's items, its summary, and the report's join -------------------------
+
+RECALL_GROUP = "lookup@2048"
+
+
+def _worker_answers(items, wrong: set[int]) -> list[list[int]]:
+    """Greedy answer tokens as the worker writes them: each item's answer, with its last byte
+    changed for the items in ``wrong``."""
+    answers = []
+    for index, item in enumerate(items):
+        tokens = list(item.answer)
+        if index in wrong:
+            tokens[-1] = (tokens[-1] + 1) % 256
+        answers.append(tokens)
+    return answers
+
+
+def test_driver_asks_the_recall_benchmarks_items():
+    groups = recall_groups(("lookup", "call"), (1024,), 3)
+    assert list(groups) == ["lookup@1024", "call@1024"]
+    for task in ("lookup", "call"):
+        assert groups[f"{task}@1024"] == recall_items("held_out", task, 1024, 3, RECALL_SEED)
+    job = recall_job(groups, ("prefill", "decode"), max_positions=2048, batch=2)
+    first = job["groups"][0]
+    items = groups["lookup@1024"]
+    assert first["prompts"] == [encode(i.prompt).tolist() for i in items]
+    assert first["answers"] == [encode(i.answer).tolist() for i in items]
+    assert first["kept"] == capacities(1024) == {"75%": 256, "88%": 128}
+    assert first["cut"] == items[0].prompt.rindex(b"\n") + 1  # where greedy_answers cuts
+    assert first["stretch"] == decode_stretch(1024, 2048) == 1024
+    assert job["budgets"] == ["75%", "88%"] and job["decode_interval"] == DECODE_INTERVAL
+
+
+def test_decode_protocol_is_left_out_where_no_stretch_fits():
+    assert runnable_protocols(("prefill", "decode"), (2048,), 2048) == ("prefill",)
+    assert runnable_protocols(("prefill", "decode"), (1024, 2048), 2048) == ("prefill", "decode")
+
+
+def test_items_with_different_question_starts_are_refused():
+    lookup, call = recall_items("held_out", "lookup", 1024, 1), recall_items("held_out", "call",
+                                                                             1024, 1)  # fmt: skip
+    with pytest.raises(ValueError, match="share the question's start"):
+        question_cut(lookup + call)
+
+
+def test_recall_summary_gives_exact_match_per_item_and_keeps_errors():
+    groups = recall_groups(("lookup",), (2048,), 3)
+    items = groups[RECALL_GROUP]
+    worker = {
+        "versions": {"kvpress": "0.5.5"},
+        "results": {
+            "none": {"0%": {"prefill": {RECALL_GROUP: _worker_answers(items, set())}}},
+            "snapkv": {
+                "75%": {"prefill": {RECALL_GROUP: _worker_answers(items, {1})}},
+                "88%": {"prefill": {"error": "AssertionError: too short"}},
+            },
+        },
+    }
+    summary = summarise_recall(worker, groups)
+    assert summary["results"]["none"]["0%"]["prefill"] == {RECALL_GROUP: [1.0, 1.0, 1.0]}
+    assert summary["results"]["snapkv"]["75%"]["prefill"] == {RECALL_GROUP: [1.0, 0.0, 1.0]}
+    assert summary["exact_match"]["snapkv"]["75%"]["prefill"][RECALL_GROUP] == pytest.approx(2 / 3)
+    assert summary["results"]["snapkv"]["88%"]["prefill"] == {"error": "AssertionError: too short"}
+    assert summary["errors"] == ["snapkv 88% prefill: AssertionError: too short"]
+
+
+def test_recall_summary_refuses_answers_for_other_items():
+    groups = recall_groups(("lookup",), (2048,), 2)
+    items = groups[RECALL_GROUP]
+
+    def worker(answers: dict) -> dict:
+        return {"versions": {}, "results": {"knorm": {"88%": {"prefill": answers}}}}
+
+    with pytest.raises(ValueError, match="1 answers for 2 items"):
+        summarise_recall(worker({RECALL_GROUP: _worker_answers(items[:1], set())}), groups)
+    with pytest.raises(ValueError, match="unknown groups"):
+        summarise_recall(worker({"chain@2048": _worker_answers(items, set())}), groups)
+    with pytest.raises(ValueError, match="an answer of 3 tokens"):
+        summarise_recall(worker({RECALL_GROUP: [[1, 2, 3]] * 2}), groups)
+
+
+def _recall_results(memory: list[float]) -> dict:
+    """recall.json as ``kvpop-compile eval --recall`` writes it, for one group of 4 items."""
+    record = {  # method name -> per-item exact match on RECALL_GROUP
+        "full": [1.0, 1.0, 1.0, 0.0], "memory @ 88%": memory, "window @ 88%": [0.0] * 4,
+    }  # fmt: skip
+    return {
+        "items": 4, "tasks": ["lookup"], "lengths": [2048], "protocols": ["prefill"],
+        "stretch": {"2048": 0}, "model": "the embedded model",
+        "methods": {
+            name: {"policy": None if name == "full" else name.split(" @ ")[0],
+                   "budget": None if name == "full" else "88%",
+                   "prefill": {RECALL_GROUP: exact}}
+            for name, exact in record.items()
+        },
+    }  # fmt: skip
+
+
+def _kvpress_recall(snapkv: list[float], items: int = 4) -> dict:
+    """kvpress_recall.json as ``kvpress_eval.py --recall`` writes it."""
+    return {
+        "versions": {"kvpress": "0.5.5", "transformers": "5.2.0", "torch": "2.13.0"},
+        "items": items, "seed": RECALL_SEED, "protocols": ["prefill"], "decode_interval": 65,
+        "results": {
+            "none": {"0%": {"prefill": {RECALL_GROUP: [1.0, 1.0, 1.0, 1.0][:items]}}},
+            "snapkv": {"88%": {"prefill": {RECALL_GROUP: snapkv}},
+                       "75%": {"prefill": {"error": "RuntimeError: boom"}}},
+        },
+    }  # fmt: skip
+
+
+def test_recall_report_joins_the_presses_and_counts_them_among_the_heuristics():
+    results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
+    document = recall_document(results, _kvpress_recall(snapkv=[1.0, 1.0, 0.0, 0.0]))
+    assert "| kvpress snapkv @ 88% | 50.0 [" in document
+    assert (
+        "`memory` at 88% ≥ 15 points ahead of the best heuristic on lookup@2048 (prefill): met — "
+        "75.0% against kvpress snapkv's 50.0% (+25.0 points)"
+    ) in document
+    assert "kvpress snapkv at 75% (prefill): failed: RuntimeError: boom" in document
+    assert "answers 4 of 4 shared items exactly, this run's full attention 3; they agree on 3" in (
+        document
+    )
+    # A press ahead of memory makes the target missed.
+    document = recall_document(results, _kvpress_recall(snapkv=[1.0, 1.0, 1.0, 1.0]))
+    assert "missed — 75.0% against kvpress snapkv's 100.0% (-25.0 points)" in document
+
+
+def test_recall_report_compares_the_items_both_runs_asked():
+    results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
+    summary, notes = summarize_kvpress_recall(_kvpress_recall([1.0, 0.0], items=2), results)
+    figures = summary["kvpress snapkv @ 88%"]["prefill"]
+    assert figures[RECALL_GROUP].value == 0.5
+    assert figures[f"{RECALL_GROUP} retention"].value == 0.5  # full attention: 2 of the 2
+    assert any("its rows and retention use the first 2" in note for note in notes)
+    other_seed = {**_kvpress_recall([1.0] * 4), "seed": RECALL_SEED + 1}
+    assert summarize_kvpress_recall(other_seed, results)[0] == {}
+
+
+def test_recall_report_only_rewrites_recall_md_with_kvpress(tmp_path, capsys):
+    results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
+    (tmp_path / "recall.json").write_text(json.dumps(results))
+    (tmp_path / "kvpress_recall.json").write_text(json.dumps(_kvpress_recall([0.0] * 4)))
+    args = argparse.Namespace(out=str(tmp_path), report_only=True, recall=True, no_plots=True)
+    assert eval_command(args) == 0
+    assert "| kvpress snapkv @ 88% | 0.0 [" in (tmp_path / "recall.md").read_text()
+    assert json.loads((tmp_path / "recall.json").read_text()) == results
+    missing = argparse.Namespace(out=str(tmp_path / "none"), report_only=True, recall=True,
+                                 no_plots=True)  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="run kvpop-compile eval --recall without"):
+        eval_command(missing)
+
+
+KVPRESS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-kvpress" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not KVPRESS_PYTHON.exists(),
+    reason="needs kvpress's venv (.venv-kvpress, made by benchmarks/kvpress_eval.py on first use)",
+)
+def test_worker_full_attention_answers_like_the_project(tmp_path):
+    """The real worker, with no press, gives the project's greedy answers in both protocols;
+    a press it does not know is recorded as an error."""
+    groups = recall_groups(("lookup",), (1024,), 2)
+    job = recall_job(groups, ("prefill", "decode"), max_positions=2048, batch=2)
+    job["groups"][0]["stretch"] = 8  # a short stretch keeps the test quick
+    job.update(model=str(EMBEDDED_MODEL), presses=["none", "bogus"])
+    result = summarise_recall(run_worker(KVPRESS_PYTHON, job, tmp_path), groups)
+    model = load_embedded_model()
+    items = groups["lookup@1024"]
+    for protocol, stretch in (("prefill", 0), ("decode", 8)):
+        ours = answer_exactly(model, items, protocol, stretch)
+        assert result["results"]["none"]["0%"][protocol] == {"lookup@1024": ours}
+    assert result["results"]["bogus"]["75%"]["prefill"]["error"].startswith("ValueError: unknown")

@@ -26,14 +26,19 @@ def eval_command(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.report_only:
-        saved = out / "quality.json"
+        report = "recall" if args.recall else "quality"
+        saved = out / f"{report}.json"
         if not saved.is_file():
-            raise FileNotFoundError(
-                f"{saved} not found: run kvpop-compile eval without --report-only first"
-            )
-        result = write_report(json.loads(saved.read_text()), out, plots=not args.no_plots)
+            run = "kvpop-compile eval --recall" if args.recall else "kvpop-compile eval"
+            raise FileNotFoundError(f"{saved} not found: run {run} without --report-only first")
+        if args.recall:  # recall.md from recall.json, joined with kvpress_recall.json if there
+            from ..evaluation.recall_report import write_recall_report
+
+            result = write_recall_report(json.loads(saved.read_text()), out)
+        else:
+            result = write_report(json.loads(saved.read_text()), out, plots=not args.no_plots)
         print(result["document"])
-        print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
+        print(f"wrote {out / f'{report}.md'} and {saved}")
         return 0
     if args.recall and args.data is not None:
         raise ValueError(

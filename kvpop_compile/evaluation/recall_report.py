@@ -1,10 +1,16 @@
 """Summaries of the recall protocol: exact-match accuracy per method, protocol, task and length,
 with 95% bootstrap intervals over items, retention against full attention (the same draws for
-both), and the issue's targets judged on them."""
+both), and the issue's targets judged on them. kvpress's presses join from a
+``kvpress_recall.json`` beside ``recall.json`` (:mod:`.recall_kvpress`)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from ..atomic import atomic_write
 from .methods import FULL
+from .recall_kvpress import load_kvpress_recall, summarize_kvpress_recall
 from .report import Estimate, _ratio
 
 HEURISTICS = ("window", "random", "knorm", "h2o", "tova")
@@ -30,8 +36,10 @@ def summarize_recall(results: dict) -> dict[str, dict[str, dict[str, Estimate]]]
     return summary
 
 
-def recall_markdown(results: dict, summary: dict) -> str:
-    """One table per protocol: methods as rows, ``task@length`` exact match as columns."""
+def recall_markdown(results: dict, summary: dict, kvpress: dict | None = None) -> str:
+    """One table per protocol: methods (then kvpress's presses, ``kvpress`` as
+    :func:`~.recall_kvpress.summarize_kvpress_recall` gives them) as rows, ``task@length``
+    exact match as columns."""
     parts = []
     for protocol in results["protocols"]:
         groups = sorted({g for record in results["methods"].values()
@@ -40,8 +48,10 @@ def recall_markdown(results: dict, summary: dict) -> str:
             continue
         header = "| method | " + " | ".join(groups) + " |"
         rows = [header, "|---" * (len(groups) + 1) + "|"]
-        for name in results["methods"]:
-            cells = [summary[name][protocol].get(g) for g in groups]
+        named = [(name, summary[name][protocol]) for name in results["methods"]]
+        named += [(n, p[protocol]) for n, p in (kvpress or {}).items() if protocol in p]
+        for name, figures in named:
+            cells = [figures.get(g) for g in groups]
             rows.append(
                 f"| {name} | " + " | ".join(c.format(100, 1) if c else "" for c in cells) + " |"
             )
@@ -49,8 +59,25 @@ def recall_markdown(results: dict, summary: dict) -> str:
     return "\n\n".join(parts)
 
 
-def recall_targets(results: dict, summary: dict, at: int = 2048) -> list[str]:
-    """The recall targets at ``at`` bytes, each met or missed with its figure."""
+def heuristic_rivals(summary: dict, kvpress: dict, protocol: str, group: str) -> dict:
+    """``{name: estimate}`` of every heuristic at 88% on ``group``: the project's
+    (:data:`HEURISTICS`) and kvpress's presses (named ``kvpress <press>``)."""
+    rivals = {
+        h: summary[f"{h} @ 88%"][protocol][group]
+        for h in HEURISTICS
+        if f"{h} @ 88%" in summary and group in summary[f"{h} @ 88%"].get(protocol, {})
+    }
+    for name, per_protocol in kvpress.items():
+        if name.endswith(" @ 88%") and group in per_protocol.get(protocol, {}):
+            rivals[name.removesuffix(" @ 88%")] = per_protocol[protocol][group]
+    return rivals
+
+
+def recall_targets(
+    results: dict, summary: dict, at: int = 2048, kvpress: dict | None = None
+) -> list[str]:
+    """The recall targets at ``at`` bytes, each met or missed with its figure; the heuristics
+    ``memory`` must lead include kvpress's presses (``kvpress``, as in :func:`recall_markdown`)."""
     lines = []
     full = summary.get(FULL, {})
     for protocol in results["protocols"]:
@@ -75,11 +102,7 @@ def recall_targets(results: dict, summary: dict, at: int = 2048) -> list[str]:
         for group, estimate in sorted(memory.items()):
             if group.endswith("retention") or not group.endswith(f"@{at}"):
                 continue
-            rivals = {
-                h: summary[f"{h} @ 88%"][protocol][group]
-                for h in HEURISTICS
-                if f"{h} @ 88%" in summary and group in summary[f"{h} @ 88%"].get(protocol, {})
-            }
+            rivals = heuristic_rivals(summary, kvpress or {}, protocol, group)
             if not rivals:
                 continue
             best = max(rivals, key=lambda h: rivals[h].value)
@@ -93,6 +116,43 @@ def recall_targets(results: dict, summary: dict, at: int = 2048) -> list[str]:
     return lines
 
 
+def recall_document(results: dict, kvpress: dict | None = None) -> str:
+    """The recall report's markdown for ``results`` (as :func:`~.recall.run_recall` returns
+    them, with ``model``), joined with kvpress's saved recall results when given."""
+    summary = summarize_recall(results)
+    kvpress_summary, notes = {}, []
+    if kvpress is not None:
+        kvpress_summary, notes = summarize_kvpress_recall(kvpress, results)
+    model_name = results.get("model", "the embedded model")
+    lengths = ", ".join(str(n) for n in results["lengths"])
+    stretch = ", ".join(f"{n}: {s}" for n, s in results["stretch"].items())
+    targets = recall_targets(results, summary, kvpress=kvpress_summary)
+    parts = [
+        "# Long-range recall",
+        f"{results['items']} held-out items per task and length ({lengths} bytes) on "
+        f"{model_name}; exact match of the greedy answer, with 95% bootstrap intervals over "
+        f"items. Decode protocol: tokens generated before the question, by length: {stretch} "
+        "(a length with no room for them is not run).",
+        recall_markdown(results, summary, kvpress_summary),
+        "## Targets\n\n" + "\n".join(targets),
+    ]
+    if notes:
+        parts.append("## Notes\n\n" + "\n".join(f"- {note}" for note in notes))
+    return "\n\n".join(parts)
+
+
+def write_recall_report(results: dict, out_dir) -> dict:
+    """Write ``recall.json`` and ``recall.md`` (joined with ``kvpress_recall.json`` when it is in
+    ``out_dir``) into ``out_dir``; returns the results with ``document`` (the markdown)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    document = recall_document(results, load_kvpress_recall(out))
+    text = json.dumps(results, indent=1) + "\n"
+    atomic_write(out / "recall.json", lambda p: Path(p).write_text(text))
+    atomic_write(out / "recall.md", lambda p: Path(p).write_text(document + "\n"))
+    return {**results, "document": document}
+
+
 def evaluate_recall(
     original,
     out_dir,
@@ -103,35 +163,12 @@ def evaluate_recall(
     model_name: str = "the embedded model",
     progress: bool = True,
 ) -> dict:
-    """Run the recall protocol (:func:`~.recall.run_recall`) and write ``recall.json`` and
-    ``recall.md`` into ``out_dir``; returns the results with ``document`` (the markdown)."""
-    import json
-    from pathlib import Path
-
-    from ..atomic import atomic_write
+    """Run the recall protocol (:func:`~.recall.run_recall`) and write its report
+    (:func:`write_recall_report`); returns the results with ``document`` (the markdown)."""
     from .recall import run_recall
 
     results = run_recall(
         original, methods, settings=settings, scorer_root=scorer_root, progress=progress
     )
     results["model"] = model_name
-    summary = summarize_recall(results)
-    lengths = ", ".join(str(n) for n in results["lengths"])
-    stretch = ", ".join(f"{n}: {s}" for n, s in results["stretch"].items())
-    document = "\n\n".join(
-        [
-            "# Long-range recall",
-            f"{results['items']} held-out items per task and length ({lengths} bytes) on "
-            f"{model_name}; exact match of the greedy answer, with 95% bootstrap intervals over "
-            f"items. Decode protocol: tokens generated before the question, by length: {stretch} "
-            "(a length with no room for them is not run).",
-            recall_markdown(results, summary),
-            "## Targets\n\n" + "\n".join(recall_targets(results, summary)),
-        ]
-    )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=1) + "\n"
-    atomic_write(out / "recall.json", lambda p: Path(p).write_text(text))
-    atomic_write(out / "recall.md", lambda p: Path(p).write_text(document + "\n"))
-    return {**results, "document": document}
+    return write_recall_report(results, out_dir)
