@@ -4,13 +4,14 @@
     python benchmarks/gpu_long_context.py --lengths 2048 --layers 2   # a quick check
     python benchmarks/gpu_long_context.py --device cpu --lengths 64 --layers 1 --out /tmp/x.md
 
-``kvpop-compile bench --shape qwen3-4b --methods dynamic,eager,compile`` with this benchmark's
+``kvpop-compile bench --shape qwen3-4b --methods dynamic,eager,compile,graph`` with this benchmark's
 settings (:mod:`kvpop_compile.evaluation.long_context` says what is measured and how): random
 weights in bf16 at batch 1; for each prompt length N, prefill seconds, decode tokens per second
 and peak GPU memory above the weights of transformers' dynamic cache (full attention) and of
-KVpop eager and ``kc.compile``. Writes ``benchmarks/results/gpu.md`` (or ``--out``) with the
-model shape, the stack's versions, every figure and the targets, and prints it; the figures,
-every decode step's time included, go to the ``.json`` beside it.
+KVpop eager, ``kc.compile`` and its step replayed from a CUDA graph. Writes
+``benchmarks/results/gpu.md`` (or ``--out``) with the model shape, the stack's versions, every
+figure and the targets, and prints it; the figures, every decode step's time included, go to
+the ``.json`` beside it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from kvpop_compile.evaluation.model_shapes import MODELS  # noqa: E402
 GiB = 2**30
 SHAPE = "qwen3-4b"
 CONFIG = kc.KVpopConfig(sinks=4, window=256, topk=3836, scorer="memory")
-METHODS = ("dynamic", "eager", "compile")
+METHODS = ("dynamic", "eager", "compile", "graph")
 PEAK_ABOVE_WEIGHTS_GIB = 2.0  # target: KVpop's peak at the longest N, above the weights
 MAX_PREFILL_RATIO = 1.5  # target: KVpop / full-attention prefill time at 32k and beyond
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu.md"

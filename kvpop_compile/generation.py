@@ -20,6 +20,7 @@ from transformers.generation.logits_process import (
 )
 
 from .config import require_int
+from .cuda_graph import CUDAGraphStep
 from .kv_cache import KVpopCache
 from .optional import import_torch_tensorrt
 from .transform import require_transformed
@@ -135,20 +136,31 @@ def _check_position(position: torch.Tensor, expected: torch.Tensor) -> None:
         )
 
 
-def compile(model: nn.Module, backend: str = "inductor", **options) -> DecodeFunction:
+def compile(
+    model: nn.Module, backend: str = "inductor", *, cuda_graph: bool = False, **options
+) -> DecodeFunction:
     """The transformed model's decode step, compiled whole (``fullgraph=True``).
 
     Returns ``step(token (B, 1), position (B, 1) or None, cache) -> logits (B, vocab)``; pass
     it to :func:`generate`. Every step reuses one graph: the cache is fixed-size and updated
-    in place.
+    in place. ``cuda_graph`` (a model on a CUDA device) also captures the compiled step in one
+    CUDA graph, replayed for every token (:class:`~.cuda_graph.CUDAGraphStep`).
     """
     require_transformed(model)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+    if cuda_graph and next(model.parameters()).device.type != "cuda":
+        raise ValueError(
+            f"cuda_graph=True needs the model on a CUDA device, got "
+            f"{next(model.parameters()).device}; compile without it on other devices"
+        )
     if backend == "tensorrt":
         import_torch_tensorrt("backend='tensorrt'")  # registers torch.compile's backend
     step = partial(decode_one_token, model)
-    return torch.compile(step, backend=backend, fullgraph=True, **options)
+    compiled = torch.compile(step, backend=backend, fullgraph=True, **options)
+    return CUDAGraphStep(compiled) if cuda_graph else compiled
 
 
 @torch.no_grad()

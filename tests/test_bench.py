@@ -83,7 +83,7 @@ def failed_static(tmp_path_factory):
 
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(long_context_runs, "StaticCache", out_of_memory)
-    settings = BenchSettings(contexts=(40,), methods=("eager", "static", "dynamic"),
+    settings = BenchSettings(contexts=(40,), methods=("eager", "static", "dynamic", "graph"),
                              decode_tokens=2, warmup=1, kvpop=BUDGET)  # fmt: skip
     model = qwen3_model("tiny", layers=1, vocab=256, max_positions=256)
     try:
@@ -94,9 +94,11 @@ def failed_static(tmp_path_factory):
 
 def test_a_failed_run_is_reported_in_its_row_and_the_others_go_on(failed_static):
     result = failed_static
-    assert [row.method for row in result.rows] == ["dynamic", "static", "eager"]  # table order
+    assert [row.method for row in result.rows] == ["dynamic", "static", "eager", "graph"]
     static = result.row(40, "static")
     assert static.error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    # A CUDA graph cannot be captured on this CPU: its row says why.
+    assert "cuda_graph=True needs the model on a CUDA device" in result.row(40, "graph").error
     assert static.prefill_s is None and result.ratios(static)["decode"] is None
     assert result.row(40, "eager").error is None and result.row(40, "eager").step_s
     report = bench_markdown(result)
@@ -155,7 +157,7 @@ def test_a_transformed_or_foreign_model_is_refused_before_anything_runs():
         (["--shape", "tiny", "--contexts", "8q"], "argument --contexts: context '8q' is not a "
          "token count"),
         (["--shape", "tiny", "--methods", "flash"], "argument --methods: unknown method 'flash'; "
-         "choose from dynamic, static, eager, compile, aoti"),
+         "choose from dynamic, static, eager, compile, graph, aoti"),
         (["--shape", "tiny", "--device", "tpu"], "argument --device: must be cuda, cuda:N or "
          "cpu, got 'tpu'"),
         (["--shape", "tiny", "--decode-tokens", "0"], "argument --decode-tokens: must be an "

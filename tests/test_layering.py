@@ -28,8 +28,8 @@ FLOORS = [
         f"{ROOT}.runtime.bounded_attention", f"{ROOT}.runtime",
     ]),
     ("model", [
-        f"{ROOT}.capture", f"{ROOT}.kv_cache", f"{ROOT}.passes.*", f"{ROOT}.modeling",
-        f"{ROOT}.transform", f"{ROOT}.generation", f"{ROOT}.scorer_io",
+        f"{ROOT}.capture", f"{ROOT}.kv_cache", f"{ROOT}.cuda_graph", f"{ROOT}.passes.*",
+        f"{ROOT}.modeling", f"{ROOT}.transform", f"{ROOT}.generation", f"{ROOT}.scorer_io",
     ]),
     ("applications", [
         f"{ROOT}.engines.*", f"{ROOT}.training.*", f"{ROOT}.evaluation.*", f"{ROOT}.embedded.*",

@@ -12,6 +12,8 @@ then decodes ``warmup`` untimed tokens and ``decode_tokens`` timed ones:
 - ``eager``: KVpop; ``kc.prefill`` (chunks of the capacity, the last position's logits only),
   ``kc.decode_one_token`` steps.
 - ``compile``: the same prefill, then ``kc.compile``'s decode step.
+- ``graph`` (CUDA only): the same, the compiled step replayed from one CUDA graph
+  (``kc.compile(model, cuda_graph=True)``), captured in each run's untimed warm-up.
 - ``aoti`` (asked for explicitly: exporting takes minutes): the AOTInductor engine of
   ``kc.export``, its prefill step over chunks of ``min(chunk, shortest N)`` tokens (what is
   left over goes through decode steps) and its decode step.

@@ -14,6 +14,7 @@ METHODS = {
     "static": "static cache + torch.compile",
     "eager": "KVpop eager",
     "compile": "KVpop kc.compile",
+    "graph": "KVpop kc.compile + CUDA graph",
     "aoti": "KVpop AOTInductor",
 }
 DEFAULT_METHODS = ("dynamic", "static", "eager", "compile")
