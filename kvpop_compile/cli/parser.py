@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")
     evaluator.add_argument(
         "--report-only", action="store_true",
-        help="rewrite quality.md and the plots from the saved quality.json (and kvpress.json)",
+        help="rewrite quality.md and the plots from the saved quality.json (and kvpress.json); "
+        "with --recall, recall.md from recall.json (and kvpress_recall.json)",
     )  # fmt: skip
     evaluator.add_argument(
         "--recall", action="store_true",
