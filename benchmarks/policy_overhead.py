@@ -20,7 +20,7 @@ from kvpop_compile.runtime import (
     build_scorer,
     decode_step,
     leaving_token,
-    update_cache_,
+    update_state_,
 )
 from kvpop_compile.runtime.reference.evict import write_new_token_
 
@@ -90,7 +90,7 @@ def _evict(state: BoundedCacheState, q, k, raw_k, v, *, config: kc.KVpopConfig):
     (with a random priority: the comparison and the write are the same whichever wins), then
     the new token's write."""
     leaving = leaving_token(state, config)
-    update_cache_(state, leaving, torch.randn(leaving.position.shape), k, raw_k, v, config)
+    update_state_(state, leaving, torch.randn(leaving.position.shape), k, raw_k, v, config)
     state.seen.add_(1)
 
 

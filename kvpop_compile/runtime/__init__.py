@@ -17,7 +17,7 @@ Training-only code (the target's losses, the distillation student) lives in
 from .bounded_attention import BoundedAttention
 from .cache import BoundedCacheState
 from .chunk_step import chunk_step
-from .decode_step import decode_step, decode_tokens, leaving_token, update_cache_
+from .decode_step import decode_step, decode_tokens, leaving_token, update_state_
 from .reference import (
     BoundaryDecisions,
     bounded_decode_attention,
@@ -69,6 +69,6 @@ __all__ = [
     "running_topk_boundary",
     "streaming_eviction_steps",
     "token_priority",
-    "update_cache_",
+    "update_state_",
     "weakest_slot",
 ]

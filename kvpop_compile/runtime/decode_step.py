@@ -69,7 +69,7 @@ def leaving_token(state: BoundedCacheState, config: KVpopConfig) -> LeavingToken
     )
 
 
-def update_cache_(
+def update_state_(
     state: BoundedCacheState,
     leaving: LeavingToken,
     priority: torch.Tensor,
@@ -160,7 +160,7 @@ def decode_step(
     else:
         rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
     priority = token_priority(rhat, config.lam, leaving.position)
-    update_cache_(state, leaving, priority, k, raw_k, v, config)
+    update_state_(state, leaving, priority, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(
         q, state.keys, state.values, state.positions, scale, attention_fed
     )
