@@ -6,8 +6,8 @@ heads, head_dim 128, bf16, batch 1):
 - bounded decode attention at capacity 2048-16384: time and achieved memory bandwidth as a
   fraction of the GPU's peak (from its memory clock and bus width);
 - the decode step's policy at capacity 4096: the cache update (fused evict and new-token write,
-  one Triton launch) and the memory scorer's update + score (PyTorch), each as a fraction of
-  one decode attention step;
+  one Triton launch) and the memory scorer's update + score (one Triton launch, and the
+  PyTorch ops it replaces), each as a fraction of one decode attention step;
 - the running top-k kernels (eviction steps, boundary decisions);
 - prefill attention under eviction steps vs full causal attention (the same kernel without
   steps, and torch's scaled_dot_product_attention);
@@ -106,7 +106,7 @@ def decode_row(shapes: Shapes, capacity: int, device, peak) -> tuple[list[str], 
 def policy_rows(shapes: Shapes, device, peak, attention_ms):
     from kvpop_compile import KVpopConfig
     from kvpop_compile.runtime import BoundedCacheState, build_scorer
-    from kvpop_compile.runtime.kernels import update_cache
+    from kvpop_compile.runtime.kernels import memory_scorer_step, update_cache
 
     capacity, h, d = shapes.policy_capacity, shapes.kv_heads, shapes.head_dim
     window = min(256, capacity // 8)
@@ -131,8 +131,15 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
         update_cache(*tensors, *leaving, leaving_position, leaving_statistic, priority,
                      state.seen, *token, config.sinks, config.topk, config.window)  # fmt: skip
 
-    def score():
-        new_state = scorer.update_state(state.scorer_state, token[1][:, :, 0], token[2][:, :, 0])
+    new_key, new_value = token[1][:, :, 0], token[2][:, :, 0]
+    weights = (scorer.w_key, scorer.w_value, scorer.w_query, scorer.w_gates, scorer.b_gates,
+               *scorer.readout.weights())  # fmt: skip
+
+    def score_fused():
+        return memory_scorer_step(state.scorer_state, new_key, new_value, *leaving, *weights)
+
+    def score_plain():
+        new_state = scorer.update_state(state.scorer_state, new_key, new_value)
         return scorer.score(new_state, leaving[0], leaving[1], leaving_position)
 
     attention = attention_ms[capacity]
@@ -142,7 +149,11 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
     moved = config.topk * (4 + 8) + (2 + 3) * 2 * d * shapes.dtype.itemsize
     update = "evict + write (one launch)"
     with torch.no_grad():
-        for name, fn in ((update, evict_and_write), ("memory scorer update + score", score)):
+        for name, fn in (
+            (update, evict_and_write),
+            ("memory scorer update + score (one launch)", score_fused),
+            ("memory scorer update + score (PyTorch ops)", score_plain),
+        ):
             ms = median_ms(fn, device)
             rows.append([f"{name} C={capacity}", f"{ms * 1e3:.1f}",
                          fraction(moved, ms, peak) if name == update else "",

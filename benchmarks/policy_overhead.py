@@ -78,11 +78,14 @@ def _plain_step(state: BoundedCacheState, q, k, raw_k, v, *, config: kc.KVpopCon
 
 def _score(state: BoundedCacheState, q, k, raw_k, v, *, scorer, config: kc.KVpopConfig):
     """The scoring part of ``decode_step``: the scorer's recurrent update with the new token and
-    the score of the token leaving the window."""
-    state.scorer_state.copy_(scorer.update_state(state.scorer_state, raw_k[:, :, 0], v[:, :, 0]))
+    the score of the token leaving the window (``kvpop::memory_scorer_step`` for ``memory``)."""
     leaving = leaving_token(state, config)
+    rhat = scorer.update_and_score_(
+        state.scorer_state, raw_k[:, :, 0], v[:, :, 0], leaving.raw_key, leaving.value,
+        leaving.position,
+    )  # fmt: skip
     state.seen.add_(1)
-    return scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
+    return rhat
 
 
 def _evict(state: BoundedCacheState, q, k, raw_k, v, *, config: kc.KVpopConfig):

@@ -20,5 +20,11 @@ def test_kernel_benchmark_quick_mode_writes_its_table(tmp_path):
     out = tmp_path / "kernels.md"
     assert module.main(["--quick", "--out", str(out)]) == 0
     table = out.read_text()
-    for row in ("decode attention C=128", "evict + write", "eviction steps", "transposed target"):
+    for row in (
+        "decode attention C=128",
+        "evict + write",
+        "memory scorer update + score (one",
+        "eviction steps",
+        "transposed target",
+    ):
         assert row in table

@@ -30,7 +30,14 @@ from kvpop_compile.runtime import kernels  # noqa: E402
 
 KERNEL_MODULES = [
     "kvpop_compile.runtime.kernels." + name
-    for name in ("decode_attention", "evict", "eviction_steps", "masked_attention", "target")
+    for name in (
+        "decode_attention",
+        "evict",
+        "eviction_steps",
+        "masked_attention",
+        "memory_scorer",
+        "target",
+    )
 ]
 # Under TRITON_INTERPRET=1 (the test suite's setting) @triton.jit makes interpreted functions.
 JIT_KINDS = (JITFunction, InterpretedFunction)
@@ -114,6 +121,11 @@ def _all_launches(dtype: torch.dtype) -> list[tuple[object, tuple, dict]]:
                 token[:, :, 0], token[:, :, 0], leaving.long(), leaving, leaving,
                 torch.tensor([5]), token, token, token, sinks, pool, window,
             )  # fmt: skip
+        memory_state = torch.zeros(b, hkv, 33, 32)
+        shapes = [(d, 32), (d, 32), (2 * d, 32), (2 * d, 2), (2,), (2 * d + 32, 64), (64,),
+                  (64, 1), (1,)]  # fmt: skip
+        weights = [torch.randn(hkv, *shape) for shape in shapes]
+        kernels.memory_scorer_step(memory_state, *(token[:, :, 0] for _ in range(4)), *weights)
         priority = torch.randn(b, hkv, n)
         kernels.eviction_steps(priority, sinks, window, topk)
         kernels.running_topk_boundary(priority, sinks, window, topk)

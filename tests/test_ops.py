@@ -27,6 +27,16 @@ def cache_after_a_few_tokens(topk=3):
     return config, state
 
 
+def memory_step_case():
+    """The ``memory`` scorer's state, a new and a leaving token, and its weights (detached: the
+    op runs in the decode step, under ``no_grad``)."""
+    scorer = build_scorer(KVpopConfig(memory_dim=3, memory_value_dim=2, scorer_hidden=5), 2, 4)
+    state = torch.randn(2, 2, *scorer.state_shape)
+    weights = [w.detach() for w in (scorer.w_key, scorer.w_value, scorer.w_query, scorer.w_gates,
+                                    scorer.b_gates, *scorer.readout.weights())]  # fmt: skip
+    return (state, *(torch.randn(2, 2, 4) for _ in range(4)), *weights)
+
+
 def op_cases():
     config, state = cache_after_a_few_tokens()
     leaving = [torch.randn(2, 2, 4), torch.randn(2, 2, 4), torch.full((2, 2), 6), torch.rand(2, 2)]
@@ -41,6 +51,7 @@ def op_cases():
         "update_cache": (state.keys, state.values, state.positions, state.priorities,
                          state.window_keys, state.statistic, *leaving, torch.randn(2, 2),
                          state.seen, *new_token, 1, 3, 2),
+        "memory_scorer_step": memory_step_case(),
     }  # fmt: skip
 
 

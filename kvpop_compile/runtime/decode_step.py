@@ -150,15 +150,14 @@ def decode_step(
     if q.shape[2] != 1:
         raise ValueError(f"decode_step takes one token, got {q.shape[2]}; use chunk_step")
     attention_fed = isinstance(scorer, AttentionFedScorer)
-    if not attention_fed:
-        state.scorer_state.copy_(
-            scorer.update_state(state.scorer_state, raw_k[:, :, 0], v[:, :, 0])
-        )
     leaving = leaving_token(state, config)
     if attention_fed:
         rhat = leaving.statistic
     else:
-        rhat = scorer.score(state.scorer_state, leaving.raw_key, leaving.value, leaving.position)
+        rhat = scorer.update_and_score_(
+            state.scorer_state, raw_k[:, :, 0], v[:, :, 0], leaving.raw_key, leaving.value,
+            leaving.position,
+        )  # fmt: skip
     priority = token_priority(rhat, config.lam, leaving.position)
     update_state_(state, leaving, priority, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(

@@ -18,6 +18,7 @@ from torch.library import triton_op
 from .dispatch import use_triton
 from .reference import attention, eviction, target
 from .reference.evict import update_cache_
+from .reference.memory_scorer import memory_scorer_step_
 
 
 def _kernels():
@@ -120,6 +121,33 @@ def update_cache(
         keys, values, positions, priorities, window_keys, statistic, leaving_key, leaving_value,
         leaving_position, leaving_statistic, priority, seen, key, raw_key, value,
         sinks, topk, window,
+    )  # fmt: skip
+
+
+@triton_op("kvpop::memory_scorer_step", mutates_args=("state",))
+def memory_scorer_step(
+    state: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    leaving_key: torch.Tensor,
+    leaving_value: torch.Tensor,
+    w_key: torch.Tensor,
+    w_value: torch.Tensor,
+    w_query: torch.Tensor,
+    w_gates: torch.Tensor,
+    b_gates: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+) -> torch.Tensor:
+    """The ``memory`` scorer's decode step in one op: the new token ``key, value (B, H, D)``
+    updates ``state (B, H, dv + 1, r)`` in place, then the leaving token is scored against it;
+    returns ``rhat (B, H)`` float32. Weights as in :mod:`.reference.memory_scorer`."""
+    step = _kernels().memory_scorer_step if use_triton(state) else memory_scorer_step_
+    return step(
+        state, key, value, leaving_key, leaving_value, w_key, w_value, w_query, w_gates,
+        b_gates, w1, b1, w2, b2,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from .decode_attention import bounded_decode_attention
 from .evict import update_cache
 from .eviction_steps import eviction_steps, running_topk_boundary
 from .masked_attention import masked_attention
+from .memory_scorer import memory_scorer_step
 from .target import future_attention_target
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "eviction_steps",
     "future_attention_target",
     "masked_attention",
+    "memory_scorer_step",
     "running_topk_boundary",
     "update_cache",
 ]

@@ -4,7 +4,8 @@ Nothing here imports Triton, so CPU-only code and tests always have an oracle; o
 the ops run these very functions (design.md §6). One family per file: ``attention`` (prefill under
 eviction steps, one decode query), ``eviction`` (priorities and the eviction rule, streaming
 and parallel), ``evict`` (a decode step's in-place cache writes), ``target`` (the
-future-attention training target).
+future-attention training target), ``memory_scorer`` (the ``memory`` scorer's decode step) and
+``scorer_layers`` (the learned scorers' arithmetic).
 """
 
 from .attention import bounded_decode_attention, masked_attention, query_group
@@ -20,6 +21,7 @@ from .eviction import (
     token_priority,
     weakest_slot,
 )
+from .memory_scorer import memory_scorer_step_
 from .target import future_attention_target, future_attention_target_dense
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "future_attention_target",
     "future_attention_target_dense",
     "masked_attention",
+    "memory_scorer_step_",
     "prefix_kth_smallest",
     "query_group",
     "running_topk_boundary",

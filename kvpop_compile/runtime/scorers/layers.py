@@ -1,38 +1,12 @@
-"""Building blocks of the learned scorers (``mlp``, ``memory``): detached, RMS-normalised token
-features and per-KV-head linear maps and MLPs."""
+"""The learned scorers' parameter block: a per-KV-head two-layer MLP (its arithmetic is
+:func:`~..reference.scorer_layers.per_head_mlp`)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Parameter-free RMS normalisation over the last dim, in float32.
-
-    Scorers see keys and values of any model; fixing their scale makes one initialisation and
-    learning rate work across layers and checkpoints."""
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-
-
-def token_features(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``[k ; v]`` detached and RMS-normalised: ``(..., D)`` x2 → ``(..., 2D)`` float32."""
-    return torch.cat([rms_normalize(k.detach()), rms_normalize(v.detach())], dim=-1)
-
-
-def per_head_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-    """``x (B, H, ..., in) @ weight (H, in, out) + bias (H, out)``, a separate map per head.
-
-    One batched matmul over heads on ``(B, H, M, in)``; broadcasting ``weight`` against the
-    token dims instead would copy each head's matrix once per token."""
-    batch, heads, *middle, width = x.shape
-    rows = x.reshape(batch, heads, -1, width)
-    y = torch.einsum("bhmi,hio->bhmo", rows, weight)
-    if bias is not None:
-        y = y + bias.view(1, heads, 1, bias.shape[-1])
-    return y.reshape(batch, heads, *middle, weight.shape[-1])
+from ..reference.scorer_layers import per_head_mlp
 
 
 class PerHeadMLP(nn.Module):
@@ -47,6 +21,9 @@ class PerHeadMLP(nn.Module):
         nn.init.normal_(self.w1, std=in_features**-0.5)
         nn.init.normal_(self.w2, std=hidden**-0.5)
 
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``w1, b1, w2, b2``, the order :func:`per_head_mlp` takes them in."""
+        return self.w1, self.b1, self.w2, self.b2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = F.silu(per_head_linear(x, self.w1, self.b1))
-        return per_head_linear(hidden, self.w2, self.b2).squeeze(-1)
+        return per_head_mlp(x, *self.weights())

@@ -16,11 +16,18 @@ below, whose read query at step ``i`` is token ``i - W``'s. The two agree to flo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..reference.memory_scorer import (
+    memory_projections,
+    memory_query,
+    memory_read,
+    memory_readout,
+    memory_update,
+)
+from ..reference.scorer_layers import token_features
 from .base import Scorer
-from .layers import PerHeadMLP, per_head_linear, token_features
+from .layers import PerHeadMLP
 
 
 class MemoryScorer(Scorer):
@@ -47,36 +54,36 @@ class MemoryScorer(Scorer):
     def state_shape(self) -> tuple[int, ...]:
         return (self.value_dim + 1, self.key_dim)
 
+    def _memory_weights(self) -> tuple[torch.Tensor, ...]:
+        """``w_key, w_value, w_gates, b_gates``: what the memory update reads."""
+        return self.w_key, self.w_value, self.w_gates, self.b_gates
+
     def _projections(self, k: torch.Tensor, v: torch.Tensor):
         """``k, v (B, H, ..., D)`` → features ``x (..., 2D)``, ``phi_k (..., r)``,
         ``[phi_v; 1] (..., dv + 1)``, ``log f (...)`` and ``g (...)``."""
         x = token_features(k, v)
-        d = self.head_dim
-        phi_k = F.elu(per_head_linear(x[..., :d], self.w_key, None)) + 1
-        phi_v = per_head_linear(x[..., d:], self.w_value, None)
-        values = torch.cat([phi_v, torch.ones_like(phi_v[..., :1])], dim=-1)
-        gates = per_head_linear(x, self.w_gates, self.b_gates)
-        return x, phi_k, values, F.logsigmoid(gates[..., 0]), torch.sigmoid(gates[..., 1])
-
-    def _query(self, x: torch.Tensor) -> torch.Tensor:
-        return F.elu(per_head_linear(x, self.w_query, None)) + 1
+        return x, *memory_projections(x, *self._memory_weights())
 
     def _readout(self, x: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
         """``x (..., 2D)`` and the raw read ``(..., dv + 1)`` → ``rhat (...)``."""
-        normalised = read[..., :-1] / read[..., -1:].abs().clamp(min=1.0)
-        return self.readout(torch.cat([x, normalised], dim=-1))
+        return memory_readout(x, read, *self.readout.weights())
 
     def update_state(self, state, k, v):
         """``state (B, H, dv + 1, r)``, ``k, v (B, H, D)`` → the state after token ``(k, v)``."""
-        _, phi_k, values, log_forget, gate = self._projections(k, v)
-        forget = log_forget.exp()[..., None, None]
-        return forget * state + gate[..., None, None] * values.unsqueeze(-1) * phi_k.unsqueeze(-2)
+        return memory_update(state, token_features(k, v), *self._memory_weights())
 
     def score(self, state, k, v, position):
         """Score ``(B, H)`` of the token ``(k, v)`` leaving the window, read against ``state``."""
         x = token_features(k, v)
-        read = (state @ self._query(x).unsqueeze(-1)).squeeze(-1)
-        return self._readout(x, read)
+        return self._readout(x, memory_read(state, x, self.w_query))
+
+    def update_and_score_(self, state, k, v, leaving_k, leaving_v, leaving_position):
+        """The decode step's update and score as one ``kvpop::memory_scorer_step`` op: one
+        kernel launch per layer on a GPU instead of some thirty small ones."""
+        return torch.ops.kvpop.memory_scorer_step(
+            state, k, v, leaving_k, leaving_v, self.w_key, self.w_value, self.w_query,
+            self.w_gates, self.b_gates, *self.readout.weights(),
+        )  # fmt: skip
 
     def score_chunk(self, state, k, v, leaving_k, leaving_v, leaving_position):
         """Scores of the tokens leaving the window during ``L`` steps (see
@@ -84,7 +91,8 @@ class MemoryScorer(Scorer):
         and step ``i``'s leaving token is read against the state after step ``i``."""
         _, phi_k, values, log_forget, gate = self._projections(k, v)
         x = token_features(leaving_k, leaving_v)
-        reads, state = self._scan(state, self._query(x), phi_k, values, log_forget, gate)
+        queries = memory_query(x, self.w_query)
+        reads, state = self._scan(state, queries, phi_k, values, log_forget, gate)
         return self._readout(x, reads), state
 
     def score_sequence(self, k: torch.Tensor, v: torch.Tensor, window: int):
@@ -95,7 +103,7 @@ class MemoryScorer(Scorer):
         # The read at step i uses token (i - W)'s query: shift the queries by the window.
         queries = torch.zeros_like(phi_k)
         if n > window:
-            queries[..., window:, :] = self._query(x[..., : n - window, :])
+            queries[..., window:, :] = memory_query(x[..., : n - window, :], self.w_query)
         state = self.init_state(batch, k.device)
         reads, state = self._scan(state, queries, phi_k, values, log_forget, gate)
         scores = torch.zeros(batch, heads, n, device=k.device)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..reference.scorer_layers import token_features
 from .base import Scorer
-from .layers import PerHeadMLP, token_features
+from .layers import PerHeadMLP
 
 
 class MLPScorer(Scorer):
