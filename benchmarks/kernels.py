@@ -1,7 +1,7 @@
 """Triton kernel benchmark: achieved bandwidth and the cost of the policy next to attention.
 
 On a CUDA GPU (the figures that matter), at Qwen3-4B/8B attention shapes (8 KV heads, 32 query
-heads, head_dim 128, bf16, batch 1):
+heads, head_dim 128, bf16; decode at batch 1, 8 and 32, each sequence its own bounded cache):
 
 - bounded decode attention at capacity 2048-16384: time and achieved memory bandwidth as a
   fraction of the GPU's peak (from its memory clock and bus width);
@@ -43,10 +43,13 @@ class Shapes:
     policy_capacity: int
     lengths: list[int]
     dtype: torch.dtype
+    batches: list[int]  # decode batch sizes, each sequence with its own bounded cache
 
 
-FULL = Shapes(8, 4, 128, [2048, 4096, 8192, 16384], 4096, [4096, 8192, 16384], torch.bfloat16)
-QUICK = Shapes(2, 2, 16, [128], 128, [64], torch.float32)
+FULL = Shapes(
+    8, 4, 128, [2048, 4096, 8192, 16384], 4096, [4096, 8192, 16384], torch.bfloat16, [1, 8, 32]
+)
+QUICK = Shapes(2, 2, 16, [128], 128, [64], torch.float32, [1, 2])
 
 
 def median_ms(fn, device: torch.device) -> float:
@@ -78,16 +81,16 @@ def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
     return f"{moved_bytes / (ms * 1e-3) / peak:.0%}" if peak else "n/a"
 
 
-def decode_row(shapes: Shapes, capacity: int, device, peak) -> tuple[list[str], float]:
-    """One capacity's decode attention: the table row and the kernel's median ms."""
+def decode_row(shapes: Shapes, capacity: int, batch: int, device, peak):
+    """Decode attention at one capacity and batch: the table row and the kernel's median ms."""
     from kvpop_compile.runtime.kernels import bounded_decode_attention
     from kvpop_compile.runtime.reference import bounded_decode_attention as reference
 
     h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
-    q = torch.randn(1, h * g, 1, d, device=device, dtype=dtype)
-    keys = torch.randn(1, h, capacity, d, device=device, dtype=dtype)
+    q = torch.randn(batch, h * g, 1, d, device=device, dtype=dtype)
+    keys = torch.randn(batch, h, capacity, d, device=device, dtype=dtype)
     values = torch.randn_like(keys)
-    positions = torch.arange(capacity, device=device).expand(1, h, capacity).contiguous()
+    positions = torch.arange(capacity, device=device).expand(batch, h, capacity).contiguous()
     scale = d**-0.5
     moved = 2 * keys.numel() * keys.element_size() + positions.numel() * 8
     kernel = median_ms(
@@ -97,13 +100,15 @@ def decode_row(shapes: Shapes, capacity: int, device, peak) -> tuple[list[str], 
         lambda: bounded_decode_attention(q, keys, values, positions, scale, True), device
     )
     plain = median_ms(lambda: reference(q, keys, values, positions, scale=scale), device)
-    row = [f"decode attention C={capacity}", f"{kernel * 1e3:.1f}",
+    row = [f"decode attention C={capacity} batch {batch}", f"{kernel * 1e3:.1f}",
            fraction(moved, kernel, peak), f"with probs {with_probs * 1e3:.1f} us; "
            f"the PyTorch reference takes {plain / kernel:.1f}x as long"]  # fmt: skip
     return row, kernel
 
 
-def policy_rows(shapes: Shapes, device, peak, attention_ms):
+def policy_rows(shapes: Shapes, batch: int, device, peak, attention_ms):
+    """The policy's two launches at the policy capacity and ``batch``, against decode
+    attention at the same capacity and batch."""
     from kvpop_compile import KVpopConfig
     from kvpop_compile.runtime import BoundedCacheState, build_scorer
     from kvpop_compile.runtime.kernels import memory_scorer_step, update_cache
@@ -112,18 +117,18 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
     window = min(256, capacity // 8)
     config = KVpopConfig(sinks=4, window=window, topk=capacity - 4 - window, scorer="memory")
     scorer = build_scorer(config, h, d).to(device)
-    state = BoundedCacheState.empty(config, scorer, batch=1, head_dim=d, dtype=shapes.dtype,
+    state = BoundedCacheState.empty(config, scorer, batch=batch, head_dim=d, dtype=shapes.dtype,
                                     device=device)  # fmt: skip
     state.keys.normal_()
     state.values.normal_()
     state.positions.copy_(torch.arange(capacity, device=device))
     state.priorities.normal_()
     state.seen.fill_(capacity)
-    leaving = [torch.randn(1, h, d, device=device, dtype=shapes.dtype) for _ in range(2)]
-    leaving_position = torch.full((1, h), capacity, device=device)
-    leaving_statistic = torch.zeros(1, h, device=device)
-    priority = torch.randn(1, h, device=device)
-    token = [torch.randn(1, h, 1, d, device=device, dtype=shapes.dtype) for _ in range(3)]
+    leaving = [torch.randn(batch, h, d, device=device, dtype=shapes.dtype) for _ in range(2)]
+    leaving_position = torch.full((batch, h), capacity, device=device)
+    leaving_statistic = torch.zeros(batch, h, device=device)
+    priority = torch.randn(batch, h, device=device)
+    token = [torch.randn(batch, h, 1, d, device=device, dtype=shapes.dtype) for _ in range(3)]
     tensors = (state.keys, state.values, state.positions, state.priorities, state.window_keys,
                state.statistic)  # fmt: skip
 
@@ -142,11 +147,12 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
         new_state = scorer.update_state(state.scorer_state, new_key, new_value)
         return scorer.score(new_state, leaving[0], leaving[1], leaving_position)
 
-    attention = attention_ms[capacity]
+    attention = attention_ms[capacity, batch]
     rows = []
-    # The pool scan (priority, position), the leaving token's key and value in and the new
-    # token's key, raw key and value out: what one (batch, head) program must move.
-    moved = config.topk * (4 + 8) + (2 + 3) * 2 * d * shapes.dtype.itemsize
+    # Per (batch, head) program: the pool scan (priority, position), the leaving token's key
+    # and value read and written into the pool, the new token's key, raw key and value read
+    # and written; the launch covers every program.
+    moved = batch * h * (config.topk * (4 + 8) + (2 + 3) * 2 * d * shapes.dtype.itemsize)
     update = "evict + write (one launch)"
     with torch.no_grad():
         for name, fn in (
@@ -155,7 +161,7 @@ def policy_rows(shapes: Shapes, device, peak, attention_ms):
             ("memory scorer update + score (PyTorch ops)", score_plain),
         ):
             ms = median_ms(fn, device)
-            rows.append([f"{name} C={capacity}", f"{ms * 1e3:.1f}",
+            rows.append([f"{name} C={capacity} batch {batch}", f"{ms * 1e3:.1f}",
                          fraction(moved, ms, peak) if name == update else "",
                          f"{ms / attention:.1%} of a decode attention step"])  # fmt: skip
     return rows
@@ -216,10 +222,12 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     peak = peak_bandwidth(device)
     rows, attention_ms = [], {}
-    for capacity in shapes.capacities:
-        row, attention_ms[capacity] = decode_row(shapes, capacity, device, peak)
-        rows.append(row)
-    rows += policy_rows(shapes, device, peak, attention_ms)
+    for batch in shapes.batches:
+        for capacity in shapes.capacities:
+            row, attention_ms[capacity, batch] = decode_row(shapes, capacity, batch, device, peak)
+            rows.append(row)
+    for batch in shapes.batches:
+        rows += policy_rows(shapes, batch, device, peak, attention_ms)
     for n in shapes.lengths:
         rows += prefill_rows(shapes, n, device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU (Triton interpreter)"
@@ -227,7 +235,8 @@ def main(argv=None) -> int:
         f"# Triton kernels on {name}",
         "",
         f"{shapes.kv_heads} KV heads x {shapes.group} query heads each, head_dim "
-        f"{shapes.head_dim}, {str(shapes.dtype).removeprefix('torch.')}, batch 1. Peak memory "
+        f"{shapes.head_dim}, {str(shapes.dtype).removeprefix('torch.')}; decode at batch "
+        f"{', '.join(map(str, shapes.batches))} (prefill at batch 1). Peak memory "
         f"bandwidth: {peak / 1e12:.2f} TB/s."
         if peak
         else "Peak bandwidth: n/a.",

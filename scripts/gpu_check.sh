@@ -22,7 +22,8 @@ if python3 -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
 status=0
 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider "${workers[@]}" \
     tests/test_kernels_cache.py tests/test_kernels_topk.py tests/test_kernels_attention.py \
-    tests/test_kernels_end_to_end.py tests/test_compile_decode.py tests/test_gpu_engines.py \
+    tests/test_kernels_memory_scorer.py tests/test_kernels_end_to_end.py \
+    tests/test_compile_decode.py tests/test_gpu_engines.py \
     tests/test_cuda_graph.py \
     tests/test_chunked_prefill.py::test_chunked_prefill_on_the_triton_kernels_matches_the_reference \
     || status=$?
