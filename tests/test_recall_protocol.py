@@ -17,7 +17,11 @@ from kvpop_compile.evaluation.recall import (
     decode_stretch,
     run_recall,
 )
-from kvpop_compile.evaluation.recall_report import evaluate_recall, summarize_recall
+from kvpop_compile.evaluation.recall_report import (
+    evaluate_recall,
+    recall_document,
+    summarize_recall,
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +83,9 @@ def test_run_recall_reports_every_group_and_method(model, tmp_path):
     summary = summarize_recall(results)
     assert 0.0 <= summary["full"]["prefill"]["lookup@1024"].value <= 1.0
     assert (tmp_path / "recall.json").is_file()
-    assert "lookup@1024" in (tmp_path / "recall.md").read_text()
+    report = (tmp_path / "recall.md").read_text()
+    assert "lookup@1024" in report and "by length: 1024: 16, 2048: 0" in report
+    prefill_only = recall_document({**results, "protocols": ["prefill"]})
+    assert "the decode protocol was not run" in prefill_only and "by length" not in prefill_only
     with pytest.raises(ValueError, match="protocols must be among prefill, decode"):
         run_recall(model, methods, settings=RecallSettings(protocols=("later",)))

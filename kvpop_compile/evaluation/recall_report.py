@@ -127,12 +127,18 @@ def recall_document(results: dict, kvpress: dict | None = None) -> str:
     lengths = ", ".join(str(n) for n in results["lengths"])
     stretch = ", ".join(f"{n}: {s}" for n, s in results["stretch"].items())
     targets = recall_targets(results, summary, kvpress=kvpress_summary)
+    protocols = results.get("protocols", ["prefill", "decode"])
+    decode = (
+        f" Decode protocol: tokens generated before the question, by length: {stretch} (a "
+        "length with no room for them is not run)."
+        if "decode" in protocols
+        else " Prefill protocol only (the prompt compressed); the decode protocol was not run."
+    )
     parts = [
         "# Long-range recall",
         f"{results['items']} held-out items per task and length ({lengths} bytes) on "
         f"{model_name}; exact match of the greedy answer, with 95% bootstrap intervals over "
-        f"items. Decode protocol: tokens generated before the question, by length: {stretch} "
-        "(a length with no room for them is not run).",
+        f"items.{decode}",
         recall_markdown(results, summary, kvpress_summary),
         "## Targets\n\n" + "\n".join(targets),
     ]
