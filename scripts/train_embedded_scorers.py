@@ -64,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--target", default="mean", choices=["mean", "max"],
         help="aggregate of future attention the scorers learn (mean: the design's)",
     )  # fmt: skip
+    p.add_argument(
+        "--loss", default="boundary", choices=["boundary", "gap"],
+        help="boundary: every decision counts once; gap: each weighted by its gap under the target",
+    )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
@@ -139,8 +143,8 @@ def main(argv=None) -> None:
             start = time.perf_counter()
             settings = kc.TrainSettings(
                 steps=args.steps, seq_len=SEQUENCE_LENGTH, batch_size=args.batch_size, lr=args.lr,
-                target=args.target, eval_fraction=eval_fraction, eval_every=args.eval_every,
-                checkpoint_every=10, seed=args.seed,
+                target=args.target, loss=args.loss, eval_fraction=eval_fraction,
+                eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
             )  # fmt: skip
             report = kc.train_scorer(model, texts, config, settings, output_dir=work)
             minutes = (time.perf_counter() - start) / 60
@@ -155,7 +159,7 @@ def main(argv=None) -> None:
                 "batch_size": args.batch_size,
                 "seq_len": SEQUENCE_LENGTH,
                 "lr": args.lr,
-                "loss": "boundary",
+                "loss": args.loss,
                 "target": args.target,
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,

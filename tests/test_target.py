@@ -3,17 +3,20 @@ losses built on it."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from kvpop_compile.runtime import (
+    BoundaryDecisions,
     future_attention_target,
     future_attention_target_dense,
     masked_attention,
 )
 from kvpop_compile.training.losses import (
+    MAX_TARGET_GAP,
     boundary_accuracy,
     boundary_decisions,
     boundary_loss,
@@ -207,6 +210,32 @@ def test_boundary_loss_ignores_infinite_priorities_outside_decisions():
     valid_tokens = torch.cat([decisions.new[decisions.valid], decisions.boundary[decisions.valid]])
     assert 0 not in valid_tokens.tolist()
     assert torch.isfinite(boundary_loss(predicted, decisions))
+
+
+def test_gap_weighted_boundary_loss_counts_each_decision_by_its_gap():
+    # Two decisions by hand: at query 2 token 0 must beat token 1 (target gap 5), at query 3
+    # token 2 must lose to token 3 (gap 1); queries 0 and 1 decide nothing.
+    decisions = BoundaryDecisions(
+        new=torch.tensor([[0, 0, 0, 2]]),
+        boundary=torch.tensor([[0, 0, 1, 3]]),
+        keep=torch.tensor([[False, False, True, False]]),
+        valid=torch.tensor([[False, False, True, True]]),
+    )
+    target = torch.tensor([[5.0, 0.0, 0.0, 1.0]])
+    predicted = torch.tensor([[0.3, 0.5, 0.2, -0.4]], requires_grad=True)
+    first = F.softplus(-(predicted[0, 0] - predicted[0, 1]))  # y = +1
+    second = F.softplus(predicted[0, 2] - predicted[0, 3])  # y = -1
+    torch.testing.assert_close(boundary_loss(predicted, decisions), (first + second) / 2)
+    weighted = boundary_loss(predicted, decisions, target_priority=target)
+    torch.testing.assert_close(weighted, (5 * first + second) / 6)
+    weighted.backward()
+    assert predicted.grad.abs().sum() > 0
+    # A token no later query attends to (log target -inf) counts at the capped gap.
+    silent = torch.tensor([[5.0, float("-inf"), 0.0, 1.0]])
+    torch.testing.assert_close(
+        boundary_loss(predicted, decisions, target_priority=silent),
+        (MAX_TARGET_GAP * first + second) / (MAX_TARGET_GAP + 1),
+    )
 
 
 def test_alternative_losses():

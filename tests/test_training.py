@@ -74,7 +74,8 @@ def test_training_graph_never_holds_an_n_by_n_tensor():
     assert max(largest) <= 4 * 64 * 8192
 
 
-def test_loss_equals_a_hand_written_step_on_the_dense_reference():
+@pytest.mark.parametrize("loss_kind", ["boundary", "gap"])
+def test_loss_equals_a_hand_written_step_on_the_dense_reference(loss_kind):
     model = tiny_qwen3()
     attention, gm = training_graph(model)
     n = 64
@@ -82,7 +83,7 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
     cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None].expand(2, -1))
     kv_heads = model.config.num_key_value_heads
     scorer = build_scorer(CONFIG, kv_heads, attention.head_dim, gm.kvpop_layer_idx)
-    scorer_loss = ScorerLoss(scorer, CONFIG, "boundary", tau=1.0)
+    scorer_loss = ScorerLoss(scorer, CONFIG, loss_kind, tau=1.0)
     with torch.no_grad():
         _, *scorer_inputs = gm(hidden, cos, sin)
         loss, accuracy = scorer_loss(*scorer_inputs)
@@ -98,7 +99,8 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference():
         )
         rhat, _ = scorer.score_sequence(raw_k, v, CONFIG.window)
         decisions = boundary_decisions(target, sinks=2, window=8, topk=16, lam=0.0)
-        expected = boundary_loss(rhat, decisions)
+        weights = target if loss_kind == "gap" else None
+        expected = boundary_loss(rhat, decisions, target_priority=weights)
     # Same float32 values by two routes (dense vs transposed target: ~1e-6 apart in log space).
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
     assert 0 <= float(accuracy) <= 1

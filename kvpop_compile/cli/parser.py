@@ -206,8 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--seq-len", type=integer(2), default=512)
     trainer.add_argument("--batch-size", type=integer(1), default=4)
     trainer.add_argument("--lr", type=number(positive=True), default=1e-3)
-    trainer.add_argument("--loss", default="boundary", choices=["boundary", "regression",
-                         "quantile"])  # fmt: skip
+    trainer.add_argument(
+        "--loss", default="boundary", choices=["boundary", "gap", "regression", "quantile"],
+        help="boundary: pairwise logistic on the policy's decisions (default); gap: the same "
+        "pairs weighted by their gap under the target; regression; quantile (BCE)",
+    )  # fmt: skip
     trainer.add_argument(
         "--target", default="mean", choices=["mean", "max"],
         help="what a token's future attention is reduced to over later queries: the mean "

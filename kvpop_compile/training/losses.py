@@ -3,8 +3,9 @@
 The default, the boundary pairwise logistic loss, trains exactly the decisions the streaming
 rule takes: at query ``q`` the token leaving the window is compared with the weakest entry of
 the full pool; under the target priorities it either wins (``y = +1``) or loses (``y = -1``),
-and the scorer is pushed to order the pair the same way. O(1) per query. Regression on the log
-target and BCE on quantile labels are the alternatives.
+and the scorer is pushed to order the pair the same way. O(1) per query. The same pairs weighted
+by their gap under the target, regression on the log target and BCE on quantile labels are the
+alternatives.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 
 from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
 from ..runtime.reference.eviction import BoundaryDecisions, beats, token_priority
+
+MAX_TARGET_GAP = 10.0  # nats: the widest gap a decision of the weighted loss counts
 
 
 def boundary_decisions(
@@ -34,13 +37,25 @@ def _pair(pred_priority: torch.Tensor, decisions: BoundaryDecisions):
 
 
 def boundary_loss(
-    pred_priority: torch.Tensor, decisions: BoundaryDecisions, *, tau: float = 1.0
+    pred_priority: torch.Tensor,
+    decisions: BoundaryDecisions,
+    *,
+    tau: float = 1.0,
+    target_priority: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``mean softplus(-y * (pihat_new - pihat_bnd) / tau)`` over valid decisions.
+    """``mean softplus(-y * (pihat_new - pihat_bnd) / tau)`` over valid decisions; with
+    ``target_priority``, the mean weighted by each pair's gap under the target,
+    ``|pi_new - pi_bnd|``.
+
+    The unweighted loss counts every decision once, and nearly all of them are near-ties among
+    ordinary tokens, where either choice costs little. The one decision about a definition that
+    a question will ask for 1,000 tokens later is a wide gap; weighting by the gap makes it
+    count as much as the error would cost.
 
     Args:
         pred_priority: ``(..., N)`` the scorer's priorities ``rhat_t + lam * t``.
         decisions: from :func:`boundary_decisions`, same leading shape.
+        target_priority: ``(..., N)`` the target's priorities ``r_t + lam * t``, or None.
     """
     if not tau > 0:
         raise ValueError(f"tau must be > 0, got {tau}")
@@ -52,7 +67,14 @@ def boundary_loss(
     # still backpropagates.
     margin = torch.where(valid, new - boundary, torch.zeros_like(new))
     losses = torch.where(valid, F.softplus(-sign * margin / tau), torch.zeros_like(new))
-    return losses.sum() / valid.sum().clamp(min=1)
+    if target_priority is None:
+        return losses.sum() / valid.sum().clamp(min=1)
+    target_new, target_boundary = _pair(target_priority.detach(), decisions)
+    gap = torch.where(valid, (target_new - target_boundary).abs(), torch.zeros_like(new))
+    # A token no later query attends to has a log target of -inf: its gap counts as
+    # MAX_TARGET_GAP, a factor e^10 in attention, which already dwarfs the near-ties.
+    gap = gap.nan_to_num(nan=0.0).clamp(max=MAX_TARGET_GAP)
+    return (losses * gap).sum() / gap.sum().clamp(min=1e-12)
 
 
 def boundary_accuracy(pred_priority: torch.Tensor, decisions: BoundaryDecisions) -> torch.Tensor:

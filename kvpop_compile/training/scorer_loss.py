@@ -26,6 +26,7 @@ from .losses import (
 
 class LossKind(str, Enum):
     BOUNDARY = "boundary"  # pairwise logistic on the policy's keep-or-drop decisions (default)
+    GAP = "gap"  # the same pairs, each weighted by its gap under the target
     REGRESSION = "regression"  # squared error on the log target
     QUANTILE = "quantile"  # BCE on "in the top keep_fraction" labels
 
@@ -52,6 +53,9 @@ class ScorerLoss(nn.Module):
         accuracy = boundary_accuracy(priority, decisions)
         if self.loss is LossKind.BOUNDARY:
             loss = boundary_loss(priority, decisions, tau=self.tau)
+        elif self.loss is LossKind.GAP:
+            target = token_priority(log_target, config.lam)
+            loss = boundary_loss(priority, decisions, tau=self.tau, target_priority=target)
         elif self.loss is LossKind.REGRESSION:
             loss = regression_loss(rhat, log_target, valid)
         else:
