@@ -222,6 +222,16 @@ def test_runner_refuses_bad_ids_before_running_the_engine(engines):
     assert calls == []
 
 
+@pytest.mark.parametrize("format", ["aoti", "onnx"])
+def test_cuda_graph_is_refused_where_it_cannot_run(engines, format):
+    # A CPU engine (and any ONNX engine) has no CUDA graph to capture; the refusal says why.
+    with pytest.raises(ValueError, match=f"needs an AOTInductor engine exported on a CUDA "
+                       f"device; this one is '{format}' on cpu"):  # fmt: skip
+        kc.load(engines[format], cuda_graph=True)
+    with pytest.raises(TypeError, match="cuda_graph must be True or False, got 1"):
+        kc.load(engines[format], cuda_graph=1)
+
+
 def test_export_refusals(model, tmp_path):
     with pytest.raises(ValueError, match="is not transformed: call kvpop_compile.transform"):
         kc.export(tiny_qwen3(), tmp_path / "x", "onnx")

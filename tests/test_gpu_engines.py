@@ -1,4 +1,5 @@
-"""Engines on a CUDA GPU: TensorRT and AOTInductor generate like the eager model there.
+"""Engines on a CUDA GPU: TensorRT and AOTInductor (also replayed from a CUDA graph) generate
+like the eager model there.
 
 Skipped on machines without CUDA (and, for TensorRT, without torch-tensorrt): run them with
 ``scripts/gpu_check.sh`` where a GPU is available.
@@ -26,6 +27,20 @@ def test_gpu_engine_generates_the_eager_tokens(format, tmp_path):
     expected = kc.generate(model, ids, 100).cpu()
     runner = kc.load(kc.export(model, tmp_path / format, format))
     assert torch.equal(runner.generate(ids, 100), expected)
+
+
+@needs_cuda
+def test_aoti_engine_replayed_from_a_cuda_graph_generates_the_eager_tokens(tmp_path):
+    model = kc.transform(tiny_qwen3().cuda(), kc.KVpopConfig(sinks=2, window=4, topk=10))
+    ids = prompt(length=12, batch=1).cuda()
+    expected = kc.generate(model, ids, 100).cpu()
+    runner = kc.load(kc.export(model, tmp_path / "aoti", "aoti"), cuda_graph=True)
+    assert torch.equal(runner.generate(ids, 100), expected)
+    assert runner.captured is not None
+    # A second sequence reuses the graph: the cache's tensors never move.
+    graph = runner.captured.graph
+    assert torch.equal(runner.generate(ids, 100), expected)
+    assert runner.captured.graph is graph
 
 
 @needs_cuda

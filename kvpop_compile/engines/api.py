@@ -120,11 +120,16 @@ def export(
 
 
 def load(
-    path: str | os.PathLike, *, config: KVpopConfig | None = None, model: nn.Module | None = None
+    path: str | os.PathLike,
+    *,
+    config: KVpopConfig | None = None,
+    model: nn.Module | None = None,
+    cuda_graph: bool = False,
 ) -> EngineRunner:
     """Open an engine folder. With ``config`` or ``model`` given, refuse an engine exported for a
     different KVpop config, or for a model of another architecture or other weights (the
-    weights, scorers included, are hashed: a few seconds per GB)."""
+    weights, scorers included, are hashed: a few seconds per GB). ``cuda_graph`` replays an
+    AOTInductor engine's decode step on a CUDA device from one CUDA graph."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     if config is not None and not isinstance(config, KVpopConfig):
@@ -161,4 +166,6 @@ def load(
                 "model to get its engine"
             )
     steps = FORMATS[format].open_steps(folder, manifest)
-    return EngineRunner(folder, manifest, steps, device=manifest.get("device", "cpu"))
+    return EngineRunner(
+        folder, manifest, steps, device=manifest.get("device", "cpu"), cuda_graph=cuda_graph
+    )

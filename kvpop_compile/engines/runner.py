@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..cuda_graph import CapturedGraph, require_cuda_tokens
 from .steps import empty_fill
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -16,16 +17,36 @@ class EngineRunner:
     """Runs an engine folder's ``decode`` (and optional ``prefill``) steps.
 
     The cache is allocated empty here, at load time, from the manifest's state description; each
-    step takes it as input and returns it updated.
+    step takes it as input and returns it updated. With ``cuda_graph`` (an AOTInductor engine on
+    a CUDA device) the decode step is captured in one CUDA graph at its first call and replayed
+    for every token after: the cache's tensors never move, so one capture serves every step.
     """
 
-    def __init__(self, folder: Path, manifest: dict, steps: dict, device: str = "cpu"):
+    def __init__(
+        self,
+        folder: Path,
+        manifest: dict,
+        steps: dict,
+        device: str = "cpu",
+        *,
+        cuda_graph: bool = False,
+    ):
         self.folder = Path(folder)
         self.manifest = manifest
         self.steps = steps
         self.device = torch.device(device)
         self.batch = manifest["batch"]
         self.prefill_length = manifest.get("prefill_length")
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+        if cuda_graph and (self.device.type != "cuda" or manifest.get("format") != "aoti"):
+            raise ValueError(
+                "cuda_graph=True needs an AOTInductor engine exported on a CUDA device; this "
+                f"one is {manifest.get('format')!r} on {self.device.type}: load it without "
+                "cuda_graph"
+            )
+        self.cuda_graph = cuda_graph
+        self.captured: CapturedGraph | None = None
         self.state = [
             torch.empty(spec["shape"], dtype=DTYPES[spec["dtype"]], device=self.device)
             for spec in manifest["state"]
@@ -67,7 +88,13 @@ class EngineRunner:
         token = self._check(token)
         if token.shape[1] != 1:
             raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
-        return self._run("decode", token)
+        if not self.cuda_graph:
+            return self._run("decode", token)
+        token = token.to(self.device)
+        require_cuda_tokens(token, "load the engine without cuda_graph elsewhere")
+        if self.captured is None:
+            self.captured = CapturedGraph(lambda t: self._run("decode", t), token, self.state)
+        return self.captured.replay(token)
 
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
