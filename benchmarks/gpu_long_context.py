@@ -3,15 +3,18 @@
     python benchmarks/gpu_long_context.py                  # N = 8k, 32k, 128k (an H200: minutes)
     python benchmarks/gpu_long_context.py --lengths 2048 --layers 2   # a quick check
     python benchmarks/gpu_long_context.py --device cpu --lengths 64 --layers 1 --out /tmp/x.md
+    python benchmarks/gpu_long_context.py --lengths 8192 --batch 32 --methods static graph \
+        --out benchmarks/results/gpu_batch32.md            # 32 sequences, each its own cache
 
 ``kvpop-compile bench --shape qwen3-4b --methods dynamic,static,eager,compile,graph`` with this
 benchmark's settings (:mod:`kvpop_compile.evaluation.long_context` says what is measured and
-how): random weights in bf16 at batch 1; for each prompt length N, prefill seconds, decode
-tokens per second and peak GPU memory above the weights of transformers' dynamic cache and
-static cache (``torch.compile(mode="reduce-overhead", fullgraph=True)``: full attention the
-fast way) and of KVpop eager, ``kc.compile`` and its step replayed from a CUDA graph; the
-targets compare KVpop's fastest compiled step with the static cache's and with the speed of a
-step that only reads the weights and the cache at the GPU's peak bandwidth. Writes
+how): random weights in bf16 at batch 1 (``--batch``); for each prompt length N, prefill
+seconds, decode tokens per second and peak GPU memory above the weights of transformers'
+dynamic cache and static cache (``torch.compile(mode="reduce-overhead", fullgraph=True)``:
+full attention the fast way) and of KVpop eager, ``kc.compile`` and its step replayed from a
+CUDA graph; the targets compare KVpop's fastest compiled step with the static cache's and
+with the speed of a step that only reads the weights and the cache at the GPU's peak
+bandwidth. Writes
 ``benchmarks/results/gpu.md`` (or ``--out``) with the model shape, the stack's versions, every
 figure and the targets, and prints it; the figures, every decode step's time included, go to
 the ``.json`` beside it.
@@ -65,8 +68,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gpu.md"
 
 def run(args) -> BenchResult:
     settings = BenchSettings(
-        contexts=tuple(args.lengths), methods=METHODS, decode_tokens=args.steps,
-        warmup=args.warmup, kvpop=CONFIG,
+        contexts=tuple(args.lengths), methods=tuple(args.methods), decode_tokens=args.steps,
+        warmup=args.warmup, kvpop=CONFIG, batch=args.batch,
     )  # fmt: skip
     model, name = bench_model(
         shape=SHAPE, layers=args.layers, dtype="bfloat16", device=args.device, settings=settings
@@ -117,11 +120,11 @@ def _compiled(result: BenchResult, n: int) -> Row | None:
 
 
 def _bandwidth_limit(result: BenchResult, row: Row, peak: float | None) -> float | None:
-    """Tokens/s if a step did nothing but read the weights and ``row``'s cache once at the
-    GPU's peak memory bandwidth (batch 1)."""
+    """Tokens/s if a step did nothing but read the weights and ``row``'s caches (one per
+    sequence of the batch) once at the GPU's peak memory bandwidth."""
     if peak is None or row.kv_bytes is None:
         return None
-    return peak / (result.weights_bytes + row.kv_bytes)
+    return row.batch * peak / (result.weights_bytes + row.kv_bytes)
 
 
 def _decode_targets(result: BenchResult, peak: float | None) -> list[str]:
@@ -173,7 +176,7 @@ def report(args, result: BenchResult) -> str:
             f"Qwen3-4B shape, {args.layers} layers: hidden {shape.hidden_size}, "
             f"{shape.num_attention_heads} query / {shape.num_key_value_heads} KV heads, "
             f"head_dim {shape.head_dim}, MLP {shape.intermediate_size}, vocabulary {shape.vocab} "
-            f"(tied embeddings); random weights, bf16, batch 1 "
+            f"(tied embeddings); random weights, bf16, batch {args.batch} "
             f"({result.weights_bytes / GiB:.2f} GiB of weights). KVpop capacity "
             f"{CONFIG.capacity} ({CONFIG.sinks} sinks, window {CONFIG.window}, "
             f"`{CONFIG.scorer.value}` scorer), prompts in chunks of {CONFIG.chunk_length}. "
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=MODELS[SHAPE].layers)
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps")
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first")
+    parser.add_argument("--batch", type=int, default=1, help="sequences, each its own cache")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke test only"
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
-    for name in ("layers", "steps", "warmup"):
+    for name in ("layers", "steps", "warmup", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if min(args.lengths) < 1:

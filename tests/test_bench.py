@@ -87,9 +87,10 @@ def failed_static(tmp_path_factory):
                              decode_tokens=2, warmup=1, kvpop=BUDGET)  # fmt: skip
     model = qwen3_model("tiny", layers=1, vocab=256, max_positions=256)
     try:
-        yield run_bench(model, settings, model_name="tiny", progress=False)
+        result = run_bench(model, settings, model_name="tiny", progress=False)
     finally:
-        monkeypatch.undo()
+        monkeypatch.undo()  # at once: the module's other tests run the real static cache
+    return result
 
 
 def test_a_failed_run_is_reported_in_its_row_and_the_others_go_on(failed_static):
@@ -111,6 +112,22 @@ def test_without_matplotlib_the_tables_are_written_and_say_so(failed_static, tmp
     assert [f.name for f in files] == ["long_context.md", "long_context.json"]
     assert "Plot skipped: matplotlib is not installed" in (tmp_path / "long_context.md").read_text()
     assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*"))
+
+
+def test_a_batch_decodes_every_sequence_with_its_own_cache(tmp_path):
+    argv = [*TINY, "--contexts", "32", "--methods", "dynamic,static,eager", "--batch", "3"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    data = json.loads((tmp_path / "out" / "long_context.json").read_text())
+    rows = _rows(data)
+    assert data["settings"]["batch"] == 3
+    for row in rows.values():
+        assert row["error"] is None and row["batch"] == 3
+        assert row["decode_tok_s"] == pytest.approx(3 / statistics.median(row["step_s"]))
+    # Three full caches of 32 + 3 tokens (256 bytes a token, as above).
+    assert rows[32, "dynamic"]["kv_bytes"] == 3 * 256 * (32 + 3)
+    assert "batch 3 on" in (tmp_path / "out" / "long_context.md").read_text()
+    with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):
+        BenchSettings(contexts=(32,), batch=0)
 
 
 @pytest.mark.parametrize(

@@ -183,7 +183,7 @@ def bench_command(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         contexts=tuple(n for group in args.contexts for n in group),
         methods=tuple(m for group in args.methods for m in group),
-        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config,
+        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config, batch=args.batch,
     )  # fmt: skip
     model, name = bench_model(
         path=args.model, shape=args.shape, layers=args.layers, dtype=args.dtype, device=device,

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--methods", type=bench_methods, nargs="+", default=[DEFAULT_METHODS],
-        help=f"of dynamic, static, eager, compile, aoti (default {','.join(DEFAULT_METHODS)})",
+        help=f"of dynamic, static, eager, compile, graph, aoti (default "
+        f"{','.join(DEFAULT_METHODS)})",
     )  # fmt: skip
     bench.add_argument(
         "--decode-tokens", type=integer(1), default=16, help="timed decode steps (16)"
@@ -172,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--warmup", type=integer(1), default=3, help="untimed decode steps before them (3)"
     )
+    bench.add_argument(
+        "--batch", type=integer(1), default=1,
+        help="sequences decoded together, each with its own cache (default 1)",
+    )  # fmt: skip
     budget_arguments(bench)
     bench.add_argument("--threads", type=integer(1), help="torch threads (default: torch's)")
     bench.add_argument("--out", default="kvpop_bench", help="results folder (kvpop_bench)")

@@ -1,14 +1,15 @@
 """Long-context prefill and decode on this machine (``kvpop-compile bench``).
 
-For each context N, each method runs one random N-token prompt at batch 1 into a new cache,
-then decodes ``warmup`` untimed tokens and ``decode_tokens`` timed ones:
+For each context N, each method runs a random N-token prompt per sequence (``batch`` of them,
+default 1) into a new cache, then decodes ``warmup`` untimed tokens and ``decode_tokens`` timed
+ones:
 
 - ``dynamic``: transformers' default dynamic cache; the prompt in one forward with
   ``logits_to_keep=1`` (as ``generate()`` runs it), eager decode steps. Every ratio is taken
   against it.
 - ``static``: transformers' static cache of N + the tokens decoded; the same eager prefill,
-  decode steps under ``torch.compile`` (``fullgraph``, one graph per N), which is what a
-  static cache is for.
+  decode steps under ``torch.compile`` (``fullgraph``, one graph per N; on a GPU replayed from
+  CUDA graphs, ``mode="reduce-overhead"``), which is what a static cache is for.
 - ``eager``: KVpop; ``kc.prefill`` (chunks of the capacity, the last position's logits only),
   ``kc.decode_one_token`` steps.
 - ``compile``: the same prefill, then ``kc.compile``'s decode step.
@@ -169,8 +170,9 @@ def run_bench(
     device = model.device
     contexts, methods = settings.contexts, settings.methods
     generator = torch.Generator().manual_seed(settings.seed)
-    prompt = torch.randint(model.config.vocab_size, (1, max(contexts)), generator=generator)
-    prompt = prompt.to(device)  # (1, longest N)
+    shape = (settings.batch, max(contexts))
+    prompt = torch.randint(model.config.vocab_size, shape, generator=generator)
+    prompt = prompt.to(device)  # (batch, longest N)
     result = BenchResult(
         settings=settings, model=model_name, layers=model.config.num_hidden_layers,
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
@@ -188,7 +190,8 @@ def run_bench(
         for method, make in method_runs(model, settings, prompt, Path(folder), result):
             for n in contexts:
                 bar.set_description(f"{context_label(n)} {METHODS[method]}")
-                row = measure(functools.partial(make, n), Row(n, method), prompt[:, :n], settings)
+                row = Row(n, method, batch=settings.batch)
+                row = measure(functools.partial(make, n), row, prompt[:, :n], settings)
                 result.rows.append(row)
                 if row.error is not None:
                     bar.write(f"{METHODS[method]} at {context_label(n)} failed: {row.error}")

@@ -24,8 +24,8 @@ COLUMNS = (
 ERROR_CELL = 120  # characters of an error shown in the table (all of it is in the JSON)
 COLUMN_NOTES = f"""\
 - **prefill s**: seconds to run the N-token prompt into a new cache (last position's logits).
-- **decode tok/s**: tokens per second once the prompt is in, batch 1: one over the median of
-  the timed decode steps.
+- **decode tok/s**: tokens per second once the prompt is in, over the batch: its size over the
+  median of the timed decode steps.
 - **peak MiB**: the most memory the run allocates above what was resident before it, so the
   weights are not counted (GPU memory on CUDA, resident memory on the CPU): the larger of the
   prefill's peak and the cache plus what the decode steps add.
@@ -78,15 +78,17 @@ def bench_table(result: BenchResult) -> str:
 def bench_setup(result: BenchResult) -> str:
     """What ran, where, and how it was measured, in a paragraph."""
     settings, kvpop = result.settings, result.settings.kvpop
+    layers = f"{result.layers} layer{'s' if result.layers > 1 else ''}"
+    steps = f"untimed one{'s' if settings.warmup > 1 else ''}"
     return (
-        f"{result.model}: {result.layers} layer{'s' if result.layers > 1 else ''}, {result.dtype}, "
-        f"{result.weights_bytes / GiB:.2f} GiB of weights; batch 1 on {result.device}. torch "
-        f"{torch.__version__}, transformers {transformers.__version__}, kvpop_compile "
-        f"{__version__}, Python {platform.python_version()}. KVpop: capacity {kvpop.capacity} "
-        f"({kvpop.sinks} sinks, window {kvpop.window}, pool {kvpop.topk}; `{kvpop.scorer.value}` "
-        f"scorer), prompts in chunks of {kvpop.chunk_length}. A random prompt of N tokens, then "
-        f"the median of {settings.decode_tokens} timed decode steps after {settings.warmup} "
-        f"untimed one{'s' if settings.warmup > 1 else ''} (compilation happens there)."
+        f"{result.model}: {layers}, {result.dtype}, {result.weights_bytes / GiB:.2f} GiB of "
+        f"weights; batch {settings.batch} on {result.device}. torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, kvpop_compile {__version__}, Python "
+        f"{platform.python_version()}. KVpop: capacity {kvpop.capacity} ({kvpop.sinks} sinks, "
+        f"window {kvpop.window}, pool {kvpop.topk}; `{kvpop.scorer.value}` scorer), prompts in "
+        f"chunks of {kvpop.chunk_length}. A random prompt of N tokens, then the median of "
+        f"{settings.decode_tokens} timed decode steps after {settings.warmup} {steps} "
+        "(compilation happens there)."
     )
 
 

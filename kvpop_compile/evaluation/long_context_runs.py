@@ -34,12 +34,14 @@ class MethodRun:
     close: Callable[[], None] = lambda: None
 
 
-def _transformers_run(model: nn.Module, method: str, n: int, tokens: int) -> MethodRun:
+def _transformers_run(
+    model: nn.Module, method: str, n: int, tokens: int, batch: int = 1
+) -> MethodRun:
     """transformers' dynamic cache (eager steps) or static cache (compiled steps, replayed from
     CUDA graphs on a GPU)."""
     device = model.device
-    token = torch.zeros(1, 1, dtype=torch.long, device=device)
-    position = torch.full((1, 1), n, dtype=torch.long, device=device)
+    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    position = torch.full((batch, 1), n, dtype=torch.long, device=device)
     if method == "static":
         # One graph per cache length (dynamic=False, as with a fixed max_cache_len); dropping
         # the previous lengths' graphs keeps torch.compile under its recompilation limit.
@@ -64,12 +66,12 @@ def _transformers_run(model: nn.Module, method: str, n: int, tokens: int) -> Met
     )
 
 
-def _kvpop_run(model: nn.Module, decode) -> MethodRun:
+def _kvpop_run(model: nn.Module, decode, batch: int = 1) -> MethodRun:
     """KVpop: ``kc.prefill`` into a new cache, then ``decode(token, None, cache)`` steps."""
     from ..generation import new_cache, prefill
 
     cache = new_cache(model)
-    token = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    token = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
     return MethodRun(
         prefill=lambda ids: prefill(model, ids, cache),
         step=lambda: decode(token, None, cache),
@@ -81,16 +83,19 @@ class _Engine:
     """An exported AOTInductor engine whose cache is allocated per run, so that its memory is
     measured like the other methods' (the engine's weights stay loaded)."""
 
-    def __init__(self, model: nn.Module, folder: Path, prefill_length: int):
+    def __init__(self, model: nn.Module, folder: Path, prefill_length: int, batch: int):
         from ..engines import export, load
 
-        self.runner = load(export(model, folder / "engine", "aoti", prefill_length=prefill_length))
+        engine = export(
+            model, folder / "engine", "aoti", batch=batch, prefill_length=prefill_length
+        )
+        self.runner = load(engine)
         self.layout = [(t.shape, t.dtype) for t in self.runner.state]
         self.runner.state = []
 
     def run(self) -> MethodRun:
         runner = self.runner
-        token = torch.zeros(1, 1, dtype=torch.long, device=runner.device)
+        token = torch.zeros(runner.batch, 1, dtype=torch.long, device=runner.device)
 
         def prefill(ids):
             runner.state = [torch.empty(s, dtype=d, device=runner.device) for s, d in self.layout]
@@ -169,14 +174,14 @@ def method_runs(
     """``(method, make(n))`` for each method, transformers' first: the model is transformed in
     place between them. Each family first runs a short untimed prompt, so that one-time work
     (thread pools, cuBLAS workspaces, Triton's kernel compilation) falls on no method."""
-    tokens = settings.warmup + settings.decode_tokens
+    tokens, batch = settings.warmup + settings.decode_tokens, settings.batch
     warm_up = prompt[:, : settings.contexts[0]]
     transformers_methods = [m for m in settings.methods if m in TRANSFORMERS_METHODS]
     if transformers_methods:
         ids = warm_up[:, :64]
-        _warm_up(_transformers_run(model, "dynamic", ids.shape[1], 1), ids)
+        _warm_up(_transformers_run(model, "dynamic", ids.shape[1], 1, batch), ids)
     for method in transformers_methods:
-        yield method, lambda n, method=method: _transformers_run(model, method, n, tokens)
+        yield method, lambda n, method=method: _transformers_run(model, method, n, tokens, batch)
     kvpop = [m for m in settings.methods if m not in TRANSFORMERS_METHODS]
     if not kvpop:
         return
@@ -187,20 +192,20 @@ def method_runs(
     transform(model, settings.kvpop)
     eager = functools.partial(generation.decode_one_token, model)
     # Up to one token past a whole chunk: prefill's chunk and its remainder, then a step.
-    _warm_up(_kvpop_run(model, eager), warm_up[:, : settings.kvpop.chunk_length + 1])
+    _warm_up(_kvpop_run(model, eager, batch), warm_up[:, : settings.kvpop.chunk_length + 1])
     for method in kvpop:
         if method == "eager":
-            yield method, lambda n: _kvpop_run(model, eager)
+            yield method, lambda n: _kvpop_run(model, eager, batch)
         elif method == "compile":
             step = generation.compile(model)
-            yield method, lambda n, step=step: _kvpop_run(model, step)
+            yield method, lambda n, step=step: _kvpop_run(model, step, batch)
         elif method == "graph":
-            yield method, _graph_factory(model)
+            yield method, _graph_factory(model, batch)
         else:
             yield method, _engine_factory(model, settings, folder, result)
 
 
-def _graph_factory(model: nn.Module) -> Callable[[int], MethodRun]:
+def _graph_factory(model: nn.Module, batch: int) -> Callable[[int], MethodRun]:
     """The CUDA-graph step, made at the first run so that where it cannot be (off CUDA) every
     ``graph`` row reports why; each run's new cache is captured in its untimed warm-up."""
     from .. import generation
@@ -210,7 +215,7 @@ def _graph_factory(model: nn.Module) -> Callable[[int], MethodRun]:
     def make(n: int) -> MethodRun:
         if not steps:
             steps.append(generation.compile(model, cuda_graph=True))
-        return _kvpop_run(model, steps[0])
+        return _kvpop_run(model, steps[0], batch)
 
     return make
 
@@ -228,7 +233,7 @@ def _engine_factory(
     prefill_length = max(2, min(settings.kvpop.chunk_length, *settings.contexts))
     start = time.perf_counter()
     try:
-        engine = _Engine(model, folder, prefill_length)
+        engine = _Engine(model, folder, prefill_length, settings.batch)
     except Exception as error:  # reported in the aoti rows
         logger.info("exporting the AOTInductor engine failed", exc_info=True)
         message = f"export failed: {error_text(error)}"

@@ -53,7 +53,8 @@ def context_label(n: int) -> str:
 class BenchSettings:
     """What to measure: ``contexts`` (prompt lengths; sorted, duplicates dropped), ``methods``
     (keys of :data:`METHODS`, run in that table's order), ``warmup`` untimed then
-    ``decode_tokens`` timed decode steps, and the KVpop budget."""
+    ``decode_tokens`` timed decode steps, and the KVpop budget; ``batch`` sequences of one
+    prompt length, each with its own cache."""
 
     contexts: tuple[int, ...]
     methods: tuple[str, ...] = DEFAULT_METHODS
@@ -61,6 +62,7 @@ class BenchSettings:
     warmup: int = 3
     kvpop: KVpopConfig = field(default_factory=KVpopConfig)
     seed: int = 0  # of the random prompt
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.contexts, (str, int)) or not self.contexts:
@@ -79,6 +81,7 @@ class BenchSettings:
         # The first step compiles: at least one untimed step keeps compilation out of the times.
         require_int("warmup", self.warmup, 1)
         require_int("seed", self.seed, 0)
+        require_int("batch", self.batch, 1)
         if not isinstance(self.kvpop, KVpopConfig):
             raise TypeError(f"kvpop must be a KVpopConfig, got {type(self.kvpop).__name__}")
         object.__setattr__(self, "contexts", tuple(sorted(set(self.contexts))))
@@ -96,11 +99,12 @@ class Row:
     peak_bytes: int | None = None  # above what was resident before the run; None: unmeasured
     kv_bytes: int | None = None  # the cache's bytes after the timed steps
     error: str | None = None
+    batch: int = 1  # sequences per step
 
     @property
     def decode_tok_s(self) -> float | None:
-        """Tokens per second at batch 1: one over the median timed step."""
-        return 1.0 / statistics.median(self.step_s) if self.step_s else None
+        """Tokens per second over the batch: its size over the median timed step."""
+        return self.batch / statistics.median(self.step_s) if self.step_s else None
 
 
 @dataclass
