@@ -32,6 +32,13 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+FUSED_SCORER = "memory scorer update + score (one launch)"
+# Targets: decode attention's share of peak bandwidth at the largest capacity, batch 1 and the
+# largest batch; the policy's launches against one decode attention step (a whole decode step
+# also runs the projections and the MLP, so this is the stricter measure).
+BANDWIDTH_AT_BATCH_1 = 0.25
+BANDWIDTH_AT_LARGEST_BATCH = 0.60
+POLICY_SHARE = 0.05
 
 
 @dataclass
@@ -103,7 +110,7 @@ def decode_row(shapes: Shapes, capacity: int, batch: int, device, peak):
     row = [f"decode attention C={capacity} batch {batch}", f"{kernel * 1e3:.1f}",
            fraction(moved, kernel, peak), f"with probs {with_probs * 1e3:.1f} us; "
            f"the PyTorch reference takes {plain / kernel:.1f}x as long"]  # fmt: skip
-    return row, kernel
+    return row, kernel, moved
 
 
 def policy_rows(shapes: Shapes, batch: int, device, peak, attention_ms):
@@ -148,7 +155,7 @@ def policy_rows(shapes: Shapes, batch: int, device, peak, attention_ms):
         return scorer.score(new_state, leaving[0], leaving[1], leaving_position)
 
     attention = attention_ms[capacity, batch]
-    rows = []
+    rows, spent = [], {}
     # Per (batch, head) program: the pool scan (priority, position), the leaving token's key
     # and value read and written into the pool, the new token's key, raw key and value read
     # and written; the launch covers every program.
@@ -157,14 +164,40 @@ def policy_rows(shapes: Shapes, batch: int, device, peak, attention_ms):
     with torch.no_grad():
         for name, fn in (
             (update, evict_and_write),
-            ("memory scorer update + score (one launch)", score_fused),
+            (FUSED_SCORER, score_fused),
             ("memory scorer update + score (PyTorch ops)", score_plain),
         ):
             ms = median_ms(fn, device)
             rows.append([f"{name} C={capacity} batch {batch}", f"{ms * 1e3:.1f}",
                          fraction(moved, ms, peak) if name == update else "",
                          f"{ms / attention:.1%} of a decode attention step"])  # fmt: skip
-    return rows
+            spent[name] = ms
+    # What a decode step spends on the policy: the cache update and the fused scorer step.
+    return rows, spent[update] + spent[FUSED_SCORER]
+
+
+def targets(shapes: Shapes, peak, attention_ms, moved, policy_ms) -> list[str]:
+    """The kernel targets, each met or missed with its figure (unmeasured without a peak)."""
+    capacity, lines = max(shapes.capacities), []
+    for batch, least in (
+        (1, BANDWIDTH_AT_BATCH_1),
+        (max(shapes.batches), BANDWIDTH_AT_LARGEST_BATCH),
+    ):
+        label = f"- decode attention ≥ {least:.0%} of peak bandwidth at C={capacity}, batch {batch}"
+        if peak is None:
+            lines.append(f"{label}: not measured (no GPU peak bandwidth).")
+            continue
+        share = moved[capacity, batch] / (attention_ms[capacity, batch] * 1e-3) / peak
+        lines.append(f"{label}: {'met' if share >= least else 'missed'} — {share:.0%}.")
+    for batch, ms in policy_ms.items():
+        share = ms / attention_ms[shapes.policy_capacity, batch]
+        verdict = "met" if share <= POLICY_SHARE else "missed"
+        lines.append(
+            f"- evict + write + scorer ≤ {POLICY_SHARE:.0%} of a decode attention step at "
+            f"C={shapes.policy_capacity}, batch {batch}: {verdict} — {share:.1%} "
+            f"({ms * 1e3:.1f} us)."
+        )
+    return lines
 
 
 def prefill_rows(shapes: Shapes, n: int, device) -> list[list[str]]:
@@ -221,13 +254,16 @@ def main(argv=None) -> int:
     shapes = QUICK if args.quick else FULL
     torch.manual_seed(0)
     peak = peak_bandwidth(device)
-    rows, attention_ms = [], {}
+    rows, attention_ms, moved, policy_ms = [], {}, {}, {}
     for batch in shapes.batches:
         for capacity in shapes.capacities:
-            row, attention_ms[capacity, batch] = decode_row(shapes, capacity, batch, device, peak)
+            row, attention_ms[capacity, batch], moved[capacity, batch] = decode_row(
+                shapes, capacity, batch, device, peak
+            )
             rows.append(row)
     for batch in shapes.batches:
-        rows += policy_rows(shapes, batch, device, peak, attention_ms)
+        batch_rows, policy_ms[batch] = policy_rows(shapes, batch, device, peak, attention_ms)
+        rows += batch_rows
     for n in shapes.lengths:
         rows += prefill_rows(shapes, n, device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU (Triton interpreter)"
@@ -244,6 +280,10 @@ def main(argv=None) -> int:
         "| kernel | median us | of peak bandwidth | notes |",
         "|---|---:|---:|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        "## Targets",
+        "",
+        *targets(shapes, peak, attention_ms, moved, policy_ms),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
