@@ -9,6 +9,7 @@ is the best a scorer trained against that score can hope for:
 
 - ``mean target``: the training target of the design, ``log max_g mean_{d >= t + W} p_{d->t}``;
 - ``max target``: the same with the max over later queries (``TrainSettings(target="max")``);
+- ``max target + lam t``: the max target with the policy's recency term (``RECENCY``);
 - ``definition``: the line that holds the answer (and the 16 bytes before it), in every head.
 
 Next to them: full attention and the ``window`` heuristic at the same budget. Exact-match
@@ -18,8 +19,7 @@ answers under the prefill protocol; writes a markdown table to ``--out``.
 
 ``--text`` asks the same of ordinary text instead: the teacher-forced top-1 accuracy of each
 oracle on held-out standard-library sequences of 2048 bytes, as a percentage of full
-attention's, at 75% and 88% compression, for the two targets and for the max target plus a
-recency term ``lam * t`` (the policy's temporal decay). Writes ``text_oracles.md``.
+attention's, at 75% and 88% compression. Writes ``text_oracles.md``.
 """
 
 from __future__ import annotations
@@ -95,10 +95,25 @@ def install(policy_model, per_layer: list[torch.Tensor]) -> None:
         layer.self_attn.scorer.score_tokens = score_tokens
 
 
+def oracle_rows() -> list[str]:
+    """The target oracles' row names: the two targets, then the max with each recency term."""
+    return ["mean target", "max target", *(f"max target + {lam} t" for lam in RECENCY)]
+
+
+def target_oracles(model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """Per row of :func:`oracle_rows`, the per-layer ``(Hkv, N)`` scores for ``ids (1, N)``."""
+    maximum = future_attention(model, ids, "max")
+    positions = torch.arange(ids.shape[1])
+    scores = {"mean target": future_attention(model, ids, "mean"), "max target": maximum}
+    for lam in RECENCY:
+        scores[f"max target + {lam} t"] = [s + lam * positions for s in maximum]
+    return scores
+
+
 def text_oracles(model, sequences: int) -> str:
     """Teacher-forced top-1 retention of the oracles on ``sequences`` held-out text windows, as
     a markdown table (one row per policy, one column per budget)."""
-    rows = ["window", "mean target", "max target", *(f"max target + {lam} t" for lam in RECENCY)]
+    rows = ["window", *oracle_rows()]
     correct = {(row, budget): 0.0 for row in rows for budget in BUDGETS}
     full = 0.0
     models = {b: (build_model(model, Method("window", b)),
@@ -106,11 +121,7 @@ def text_oracles(model, sequences: int) -> str:
     for sequence in held_out_sequences(sequences):
         ids = sequence.ids[None]
         full += teacher_forced(model, ids).correct.sum().item()
-        targets = {agg: future_attention(model, ids[:, :-1], agg) for agg in ("mean", "max")}
-        positions = torch.arange(ids.shape[1] - 1)
-        scores = {"mean target": targets["mean"], "max target": targets["max"]}
-        for lam in RECENCY:
-            scores[f"max target + {lam} t"] = [s + lam * positions for s in targets["max"]]
+        scores = target_oracles(model, ids[:, :-1])
         for budget, (window_model, oracle_model) in models.items():
             for row in rows:
                 runner = window_model
@@ -156,7 +167,7 @@ def main(argv=None) -> None:
     window_model = build_model(model, Method("window", budget))
     oracle_model = build_model(model, Method("window", budget))
     layers, kv_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
-    rows = ["full attention", "window", "mean target", "max target", "definition"]
+    rows = ["full attention", "window", *oracle_rows(), "definition"]
     right = {row: {} for row in rows}
     for task in args.tasks.split(","):
         items = recall_items("held_out", task, 2048, args.items, RECALL_SEED)
@@ -164,11 +175,8 @@ def main(argv=None) -> None:
             right[row][task] = 0
         for item in items:
             ids = encode(item.prompt + item.answer)[None, :-1]
-            oracles = {
-                "mean target": future_attention(model, ids, "mean"),
-                "max target": future_attention(model, ids, "max"),
-                "definition": definition_scores(item, layers, kv_heads),
-            }
+            oracles = target_oracles(model, ids)
+            oracles["definition"] = definition_scores(item, layers, kv_heads)
             for row in rows:
                 if row in oracles:
                     install(oracle_model, oracles[row])
@@ -182,7 +190,8 @@ def main(argv=None) -> None:
         f"{BUDGETS[budget]} tokens kept: {budget} compression)",
         "",
         "Exact answers. An oracle fills the pool by a score known in hindsight (see "
-        "`benchmarks/recall_oracles.py`).",
+        "`benchmarks/recall_oracles.py`); `+ lam t` adds the policy's recency term to the max "
+        "target.",
         "",
         "| policy | " + " | ".join(tasks) + " | all |",
         "|---|" + "---|" * (len(tasks) + 1),
