@@ -20,6 +20,7 @@ from kvpop_compile.evaluation.recall import (
 from kvpop_compile.evaluation.recall_report import (
     evaluate_recall,
     recall_document,
+    recall_targets,
     summarize_recall,
 )
 
@@ -89,3 +90,27 @@ def test_run_recall_reports_every_group_and_method(model, tmp_path):
     assert "the decode protocol was not run" in prefill_only and "by length" not in prefill_only
     with pytest.raises(ValueError, match="protocols must be among prefill, decode"):
         run_recall(model, methods, settings=RecallSettings(protocols=("later",)))
+
+
+def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():
+    # The decode protocol fits only shorter items (the stretch needs positions): memory's
+    # targets there are judged at 1024 bytes; full attention's 90% stays a 2048-byte target.
+    items = {"prefill": {"lookup@2048": [1.0] * 4}, "decode": {"lookup@1024": [1.0] * 4}}
+    results = {
+        "protocols": ["prefill", "decode"],
+        "methods": {
+            "full": items,
+            "memory @ 88%": {"prefill": {"lookup@2048": [1.0, 1.0, 1.0, 0.0]},
+                             "decode": {"lookup@1024": [1.0, 1.0, 0.0, 0.0]}},
+            "window @ 88%": {"prefill": {"lookup@2048": [0.0] * 4},
+                             "decode": {"lookup@1024": [0.0] * 4}},
+        },
+    }  # fmt: skip
+    lines = recall_targets(results, summarize_recall(results))
+    assert "- full attention ≥ 90% on lookup@2048 (prefill): met — 100.0%" in lines
+    assert not any("full attention ≥ 90% on lookup@1024" in line for line in lines)
+    assert (
+        "- `memory` at 88% keeps ≥ 90% of full attention on lookup@1024 retention (decode): "
+        "missed — 50.0%" in lines
+    )
+    assert any("best heuristic on lookup@1024 (decode): met — 50.0%" in line for line in lines)
