@@ -182,7 +182,7 @@ def test_train_scorer_names_the_bad_setting(tmp_path, settings, error, message):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"loss": "hinge"}, "loss must be one of boundary, regression, quantile; got 'hinge'"),
+        ({"loss": "hinge"}, "loss must be one of boundary, gap, regression, quantile; got 'hinge'"),
         ({"mode": "rl"}, "mode must be one of scorer, distill; got 'rl'"),
         ({"trainable": "mlp"}, "trainable must be a list of parameter-name parts or None"),
         ({"eval_fraction": 1.0}, r"eval_fraction must be in \(0, 1\), got 1.0"),
