@@ -114,3 +114,9 @@ def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():
         "missed — 50.0%" in lines
     )
     assert any("best heuristic on lookup@1024 (decode): met — 50.0%" in line for line in lines)
+    # Prefill at 1024 bytes alone has no target to judge, and the report says so.
+    short = {"protocols": ["prefill"], "items": 4, "lengths": [1024], "stretch": {"1024": 0},
+             "methods": {name: {"prefill": {"lookup@1024": record["prefill"]["lookup@2048"]}}
+                         for name, record in results["methods"].items()}}  # fmt: skip
+    assert recall_targets(short, summarize_recall(short)) == []
+    assert "- none at these lengths: the targets are at 2048 bytes" in recall_document(short)

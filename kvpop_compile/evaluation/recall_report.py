@@ -147,7 +147,14 @@ def recall_document(results: dict, kvpress: dict | None = None) -> str:
         f"{model_name}; exact match of the greedy answer, with 95% bootstrap intervals over "
         f"items.{decode}",
         recall_markdown(results, summary, kvpress_summary),
-        "## Targets\n\n" + "\n".join(targets),
+        "## Targets\n\n"
+        + "\n".join(
+            targets
+            or [
+                "- none at these lengths: the targets are at 2048 bytes in the prefill protocol "
+                "and wherever the decode protocol ran"
+            ]
+        ),
     ]
     if notes:
         parts.append("## Notes\n\n" + "\n".join(f"- {note}" for note in notes))
