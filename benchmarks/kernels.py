@@ -84,8 +84,13 @@ def peak_bandwidth(device: torch.device) -> float | None:
     return 2 * bus_bits / 8 * clock_khz * 1e3 if clock_khz and bus_bits else None
 
 
+def bandwidth_share(moved_bytes: float, ms: float, peak: float) -> float:
+    """The share of ``peak`` bytes/s achieved by moving ``moved_bytes`` in ``ms``."""
+    return moved_bytes / (ms * 1e-3) / peak
+
+
 def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
-    return f"{moved_bytes / (ms * 1e-3) / peak:.0%}" if peak else "n/a"
+    return f"{bandwidth_share(moved_bytes, ms, peak):.0%}" if peak else "n/a"
 
 
 def decode_row(shapes: Shapes, capacity: int, batch: int, device, peak):
@@ -144,11 +149,10 @@ def policy_rows(shapes: Shapes, batch: int, device, peak, attention_ms):
                      state.seen, *token, config.sinks, config.topk, config.window)  # fmt: skip
 
     new_key, new_value = token[1][:, :, 0], token[2][:, :, 0]
-    weights = (scorer.w_key, scorer.w_value, scorer.w_query, scorer.w_gates, scorer.b_gates,
-               *scorer.readout.weights())  # fmt: skip
+    weights = scorer.step_weights()
 
     def score_fused():
-        return memory_scorer_step(state.scorer_state, new_key, new_value, *leaving, *weights)
+        return memory_scorer_step(state.scorer_state, new_key, new_value, *leaving, weights)
 
     def score_plain():
         new_state = scorer.update_state(state.scorer_state, new_key, new_value)
@@ -187,7 +191,7 @@ def targets(shapes: Shapes, peak, attention_ms, moved, policy_ms) -> list[str]:
         if peak is None:
             lines.append(f"{label}: not measured (no GPU peak bandwidth).")
             continue
-        share = moved[capacity, batch] / (attention_ms[capacity, batch] * 1e-3) / peak
+        share = bandwidth_share(moved[capacity, batch], attention_ms[capacity, batch], peak)
         lines.append(f"{label}: {'met' if share >= least else 'missed'} — {share:.0%}.")
     for batch, ms in policy_ms.items():
         share = ms / attention_ms[shapes.policy_capacity, batch]

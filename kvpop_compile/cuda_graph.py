@@ -66,15 +66,6 @@ class CapturedGraph:
         return self.output.clone()
 
 
-def require_cuda_tokens(token: torch.Tensor, fallback: str) -> None:
-    """Refuse tokens off a CUDA device by name, saying what to use there instead."""
-    if token.device.type != "cuda":
-        raise ValueError(
-            f"a CUDA-graph decode step needs the model and tokens on a CUDA device, got "
-            f"tokens on {token.device}; {fallback}"
-        )
-
-
 class CUDAGraphStep:
     """``step(token (B, 1), position, cache) -> logits (B, vocab)`` replayed from a CUDA graph
     of ``step``, a decode function (eager or compiled) of a model on a CUDA device.
@@ -90,7 +81,11 @@ class CUDAGraphStep:
         self.cache: KVpopCache | None = None
 
     def __call__(self, token: torch.Tensor, position, cache: KVpopCache) -> torch.Tensor:
-        require_cuda_tokens(token, "use compile(model) without cuda_graph elsewhere")
+        if token.device.type != "cuda":
+            raise ValueError(
+                f"a CUDA-graph decode step needs the model and tokens on a CUDA device, got "
+                f"tokens on {token.device}; use compile(model) without cuda_graph elsewhere"
+            )
         if (
             self.captured is None
             or cache is not self.cache

@@ -125,7 +125,7 @@ def _all_launches(dtype: torch.dtype) -> list[tuple[object, tuple, dict]]:
         shapes = [(d, 32), (d, 32), (2 * d, 32), (2 * d, 2), (2,), (2 * d + 32, 64), (64,),
                   (64, 1), (1,)]  # fmt: skip
         weights = [torch.randn(hkv, *shape) for shape in shapes]
-        kernels.memory_scorer_step(memory_state, *(token[:, :, 0] for _ in range(4)), *weights)
+        kernels.memory_scorer_step(memory_state, *(token[:, :, 0] for _ in range(4)), weights)
         priority = torch.randn(b, hkv, n)
         kernels.eviction_steps(priority, sinks, window, topk)
         kernels.running_topk_boundary(priority, sinks, window, topk)

@@ -59,14 +59,14 @@ def test_memory_scorer_kernel_matches_reference(device, **c):
         tokens = [t.to(dtype) for t in tokens]
         truth_state = state.double()
         truth = memory_scorer_step_(
-            truth_state, *(t.double() for t in tokens), *(w.double() for w in weights)
+            truth_state, *(t.double() for t in tokens), [w.double() for w in weights]
         )
         reference_state = state.clone()
-        reference = memory_scorer_step_(reference_state, *tokens, *weights)
+        reference = memory_scorer_step_(reference_state, *tokens, weights)
         state = state.to(device)
         with kernels_enabled(device):
             got = torch.ops.kvpop.memory_scorer_step(
-                state, *(t.to(device) for t in tokens), *(w.to(device) for w in weights)
+                state, *(t.to(device) for t in tokens), [w.to(device) for w in weights]
             )
         assert got.shape == (c["batch"], c["heads"]) and got.dtype == torch.float32
         for name, kernel, ref, true in (
@@ -87,5 +87,17 @@ def test_memory_scorer_kernel_refuses_a_state_it_cannot_update_in_place(device, 
     message = "contiguous" if bad == "strided" else "float32"
     with pytest.raises(ValueError, match=message):
         memory_scorer_kernels.memory_scorer_step(
-            state.to(device), *(t.to(device) for t in tokens), *(w.to(device) for w in weights)
+            state.to(device), *(t.to(device) for t in tokens), [w.to(device) for w in weights]
+        )
+
+
+def test_memory_scorer_step_names_a_wrong_weight_count(device):
+    c = dict(batch=1, heads=2, dim=4, key_dim=3, value_dim=2, hidden=5)
+    state, tokens, weights = step_inputs(c, torch.Generator().manual_seed(0))
+    message = r"takes 9 weights \(w_key, w_value, .*, b2\), got 8"
+    with pytest.raises(ValueError, match=message):
+        memory_scorer_step_(state.clone(), *tokens, weights[:-1])
+    with pytest.raises(ValueError, match=message):
+        memory_scorer_kernels.memory_scorer_step(
+            state.to(device), *(t.to(device) for t in tokens), [w.to(device) for w in weights[:-1]]
         )

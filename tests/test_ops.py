@@ -32,9 +32,8 @@ def memory_step_case():
     op runs in the decode step, under ``no_grad``)."""
     scorer = build_scorer(KVpopConfig(memory_dim=3, memory_value_dim=2, scorer_hidden=5), 2, 4)
     state = torch.randn(2, 2, *scorer.state_shape)
-    weights = [w.detach() for w in (scorer.w_key, scorer.w_value, scorer.w_query, scorer.w_gates,
-                                    scorer.b_gates, *scorer.readout.weights())]  # fmt: skip
-    return (state, *(torch.randn(2, 2, 4) for _ in range(4)), *weights)
+    weights = [w.detach() for w in scorer.step_weights()]
+    return (state, *(torch.randn(2, 2, 4) for _ in range(4)), weights)
 
 
 def op_cases():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..cuda_graph import CapturedGraph, require_cuda_tokens
+from ..cuda_graph import CapturedGraph
 from .steps import empty_fill
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -90,8 +90,7 @@ class EngineRunner:
             raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
         if not self.cuda_graph:
             return self._run("decode", token)
-        token = token.to(self.device)
-        require_cuda_tokens(token, "load the engine without cuda_graph elsewhere")
+        token = token.to(self.device)  # a CUDA device: the constructor checked
         if self.captured is None:
             self.captured = CapturedGraph(lambda t: self._run("decode", t), token, self.state)
         return self.captured.replay(token)

@@ -73,6 +73,12 @@ def heuristic_rivals(summary: dict, kvpress: dict, protocol: str, group: str) ->
     return rivals
 
 
+def _judged_groups(protocol: str, at: int):
+    """Whether ``memory``'s targets judge a group of ``protocol``: every length the decode
+    protocol ran, ``at`` bytes in the prefill protocol."""
+    return lambda group: protocol == "decode" or f"@{at}" in group
+
+
 def recall_targets(
     results: dict, summary: dict, at: int = 2048, kvpress: dict | None = None
 ) -> list[str]:
@@ -84,9 +90,7 @@ def recall_targets(
     lines = []
     full = summary.get(FULL, {})
     for protocol in results["protocols"]:
-
-        def in_scope(group: str, protocol: str = protocol) -> bool:
-            return protocol == "decode" or f"@{at}" in group
+        in_scope = _judged_groups(protocol, at)
 
         for group, estimate in sorted(full.get(protocol, {}).items()):
             if group.endswith(f"@{at}"):

@@ -131,24 +131,14 @@ def memory_scorer_step(
     value: torch.Tensor,
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
-    w_key: torch.Tensor,
-    w_value: torch.Tensor,
-    w_query: torch.Tensor,
-    w_gates: torch.Tensor,
-    b_gates: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor,
-    w2: torch.Tensor,
-    b2: torch.Tensor,
+    weights: list[torch.Tensor],
 ) -> torch.Tensor:
     """The ``memory`` scorer's decode step in one op: the new token ``key, value (B, H, D)``
     updates ``state (B, H, dv + 1, r)`` in place, then the leaving token is scored against it;
-    returns ``rhat (B, H)`` float32. Weights as in :mod:`.reference.memory_scorer`."""
+    returns ``rhat (B, H)`` float32. ``weights`` as :mod:`.reference.memory_scorer` orders
+    them."""
     step = _kernels().memory_scorer_step if use_triton(state) else memory_scorer_step_
-    return step(
-        state, key, value, leaving_key, leaving_value, w_key, w_value, w_query, w_gates,
-        b_gates, w1, b1, w2, b2,
-    )  # fmt: skip
+    return step(state, key, value, leaving_key, leaving_value, weights)
 
 
 @triton_op("kvpop::future_attention_target", mutates_args=())

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from ..reference.memory_scorer import memory_weights
 from .common import next_power_of_2, require_contiguous
 
 # The reference's RMS-norm epsilon (:func:`~..reference.scorer_layers.rms_normalize`).
@@ -123,28 +124,20 @@ def memory_scorer_step(
     value: torch.Tensor,
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
-    w_key: torch.Tensor,
-    w_value: torch.Tensor,
-    w_query: torch.Tensor,
-    w_gates: torch.Tensor,
-    b_gates: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor,
-    w2: torch.Tensor,
-    b2: torch.Tensor,
+    weights: list[torch.Tensor],
 ) -> torch.Tensor:
     """Triton version of
     :func:`~kvpop_compile.runtime.reference.memory_scorer.memory_scorer_step_`, same arguments
     and shapes: ``state (B, H, dv + 1, r)`` float32 (contiguous, updated in place), the new and
-    the leaving token's ``key, value (B, H, D)``, the weights of
+    the leaving token's ``key, value (B, H, D)``, the ``weights`` list of
     :mod:`~kvpop_compile.runtime.reference.memory_scorer`. Returns ``rhat (B, H)`` float32."""
     require_contiguous(state=state)
     if state.dtype != torch.float32:
         raise ValueError(f"the memory scorer's state must be float32, got {state.dtype}")
+    weights = [w.contiguous() for w in memory_weights(weights)]
     batch, heads, rows, key_dim = state.shape
-    dim, value_dim, hidden = key.shape[-1], rows - 1, w1.shape[-1]
+    dim, value_dim, hidden = key.shape[-1], rows - 1, weights[5].shape[-1]  # w1: (H, in, hidden)
     rhat = torch.empty(batch, heads, device=state.device, dtype=torch.float32)
-    weights = [w.contiguous() for w in (w_key, w_value, w_query, w_gates, b_gates, w1, b1, w2, b2)]
     wrap_triton(_memory_scorer_step_kernel)[(batch * heads,)](
         state, key.contiguous(), value.contiguous(), leaving_key.contiguous(),
         leaving_value.contiguous(), *weights, rhat,

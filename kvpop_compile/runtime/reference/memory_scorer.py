@@ -13,9 +13,9 @@ Per KV head, with ``x = [k ; v]`` RMS-normalised (:func:`.scorer_layers.token_fe
     read  = S (elu(x_t W_query) + 1)            the leaving token t's read
     rhat  = MLP([x_t ; read[:dv] / max(|read[dv]|, 1)])
 
-The weights, in the op's order: ``w_key (H, D, r)``, ``w_value (H, D, dv)``, ``w_query (H, 2D,
-r)``, ``w_gates (H, 2D, 2)``, ``b_gates (H, 2)``, ``w1 (H, 2D + dv, hidden)``, ``b1 (H,
-hidden)``, ``w2 (H, hidden, 1)``, ``b2 (H, 1)``.
+The op takes the weights as one list, in the order of :data:`MEMORY_WEIGHTS`: ``w_key (H, D,
+r)``, ``w_value (H, D, dv)``, ``w_query (H, 2D, r)``, ``w_gates (H, 2D, 2)``, ``b_gates (H,
+2)``, ``w1 (H, 2D + dv, hidden)``, ``b1 (H, hidden)``, ``w2 (H, hidden, 1)``, ``b2 (H, 1)``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,19 @@ import torch
 import torch.nn.functional as F
 
 from .scorer_layers import per_head_linear, per_head_mlp, token_features
+
+MEMORY_WEIGHTS = ("w_key", "w_value", "w_query", "w_gates", "b_gates", "w1", "b1", "w2", "b2")
+
+
+def memory_weights(weights) -> tuple[torch.Tensor, ...]:
+    """The op's ``weights`` as the tuple of :data:`MEMORY_WEIGHTS`, or a ValueError naming the
+    count."""
+    if len(weights) != len(MEMORY_WEIGHTS):
+        raise ValueError(
+            f"the memory scorer step takes {len(MEMORY_WEIGHTS)} weights "
+            f"({', '.join(MEMORY_WEIGHTS)}), got {len(weights)}"
+        )
+    return tuple(weights)
 
 
 def memory_projections(
@@ -83,23 +96,17 @@ def memory_scorer_step_(
     value: torch.Tensor,
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
-    w_key: torch.Tensor,
-    w_value: torch.Tensor,
-    w_query: torch.Tensor,
-    w_gates: torch.Tensor,
-    b_gates: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor,
-    w2: torch.Tensor,
-    b2: torch.Tensor,
+    weights: list[torch.Tensor],
 ) -> torch.Tensor:
     """One decode step of the ``memory`` scorer, in place: the new token ``key, value (B, H,
     D)`` (pre-RoPE key) updates ``state (B, H, dv + 1, r)`` float32, then the token leaving the
     window, ``leaving_key, leaving_value (B, H, D)``, is read against the updated state.
+    ``weights``: the scorer's, as :data:`MEMORY_WEIGHTS` orders them.
 
     Returns:
         ``rhat (B, H)`` float32, the leaving token's score.
     """
+    w_key, w_value, w_query, w_gates, b_gates, w1, b1, w2, b2 = memory_weights(weights)
     x = token_features(key, value)
     state.copy_(memory_update(state, x, w_key, w_value, w_gates, b_gates))
     leaving = token_features(leaving_key, leaving_value)

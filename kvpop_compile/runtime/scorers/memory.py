@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..reference.memory_scorer import (
+    MEMORY_WEIGHTS,
     memory_projections,
     memory_query,
     memory_read,
@@ -54,6 +55,12 @@ class MemoryScorer(Scorer):
     def state_shape(self) -> tuple[int, ...]:
         return (self.value_dim + 1, self.key_dim)
 
+    def step_weights(self) -> list[torch.Tensor]:
+        """The weights ``kvpop::memory_scorer_step`` takes, in its order
+        (:data:`~..reference.memory_scorer.MEMORY_WEIGHTS`)."""
+        own = [getattr(self, name) for name in MEMORY_WEIGHTS[:5]]  # then the readout's MLP
+        return [*own, *self.readout.weights()]
+
     def _memory_weights(self) -> tuple[torch.Tensor, ...]:
         """``w_key, w_value, w_gates, b_gates``: what the memory update reads."""
         return self.w_key, self.w_value, self.w_gates, self.b_gates
@@ -81,9 +88,8 @@ class MemoryScorer(Scorer):
         """The decode step's update and score as one ``kvpop::memory_scorer_step`` op: one
         kernel launch per layer on a GPU instead of some thirty small ones."""
         return torch.ops.kvpop.memory_scorer_step(
-            state, k, v, leaving_k, leaving_v, self.w_key, self.w_value, self.w_query,
-            self.w_gates, self.b_gates, *self.readout.weights(),
-        )  # fmt: skip
+            state, k, v, leaving_k, leaving_v, self.step_weights()
+        )
 
     def score_chunk(self, state, k, v, leaving_k, leaving_v, leaving_position):
         """Scores of the tokens leaving the window during ``L`` steps (see
