@@ -88,6 +88,9 @@ def cli_error(argv, capsys) -> str:
         (["eval", "--recall-protocols", "prefil"],
          "argument --recall-protocols: 'prefil' is not one of prefill, decode"),
         (["demo", "--model", "/nonexistent"], "argument --model: '/nonexistent' is not a folder"),
+        (["eval", "--resume"], "--resume goes on with a recall run (--recall without "
+         "--report-only); add --recall"),
+        (["eval", "--recall", "--report-only", "--resume"], "--report-only runs no method"),
         (["eval", "--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
         (["eval", "--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
         (["eval", "--sequences", "0"], "argument --sequences: must be an integer >= 1, got '0'"),

@@ -273,12 +273,14 @@ def test_recall_report_only_rewrites_recall_md_with_kvpress(tmp_path, capsys):
     results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
     (tmp_path / "recall.json").write_text(json.dumps(results))
     (tmp_path / "kvpress_recall.json").write_text(json.dumps(_kvpress_recall([0.0] * 4)))
-    args = argparse.Namespace(out=str(tmp_path), report_only=True, recall=True, no_plots=True)
+    args = argparse.Namespace(
+        out=str(tmp_path), report_only=True, recall=True, no_plots=True, resume=False
+    )
     assert eval_command(args) == 0
     assert "| kvpress snapkv @ 88% | 0.0 [" in (tmp_path / "recall.md").read_text()
     assert json.loads((tmp_path / "recall.json").read_text()) == results
     missing = argparse.Namespace(out=str(tmp_path / "none"), report_only=True, recall=True,
-                                 no_plots=True)  # fmt: skip
+                                 no_plots=True, resume=False)  # fmt: skip
     with pytest.raises(FileNotFoundError, match="run kvpop-compile eval --recall without"):
         eval_command(missing)
 

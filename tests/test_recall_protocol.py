@@ -1,6 +1,7 @@
 """The recall protocol: exact match of greedy answers, both ways of asking, and its report."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from kvpop_compile.evaluation.recall_report import (
     evaluate_recall,
     recall_document,
     recall_targets,
+    resumable_methods,
     summarize_recall,
 )
 
@@ -90,6 +92,46 @@ def test_run_recall_reports_every_group_and_method(model, tmp_path):
     assert "the decode protocol was not run" in prefill_only and "by length" not in prefill_only
     with pytest.raises(ValueError, match="protocols must be among prefill, decode"):
         run_recall(model, methods, settings=RecallSettings(protocols=("later",)))
+
+
+def test_a_cut_off_run_resumes_where_it_stopped(model, tmp_path):
+    """recall.json is saved after every method; ``resume`` keeps what it holds and runs only the
+    missing methods, and other policies add rows to the saved run."""
+    settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=2, batch=2,
+                              protocols=("prefill",))  # fmt: skip
+    full, window, memory = Method(None, None), Method("window", "88%"), Method("memory", "88%")
+    # The memory scorer is missing from this root: the run stops at its third method.
+    with pytest.raises(FileNotFoundError, match="no trained memory scorer"):
+        evaluate_recall(model, tmp_path, methods=[full, window, memory], settings=settings,
+                        scorer_root=tmp_path / "no-scorers", progress=False)  # fmt: skip
+    saved = json.loads((tmp_path / "recall.json").read_text())
+    assert list(saved["methods"]) == ["full", "window @ 88%"]
+    # Mark the saved window row, so that a rerun would show.
+    saved["methods"]["window @ 88%"]["prefill"]["lookup@1024"] = [1.0, 0.5]
+    (tmp_path / "recall.json").write_text(json.dumps(saved))
+    results = evaluate_recall(model, tmp_path, methods=[full, memory, Method("random", "75%")],
+                              settings=settings, progress=False, resume=True)  # fmt: skip
+    assert list(results["methods"]) == ["full", "random @ 75%", "memory @ 88%", "window @ 88%"]
+    assert results["methods"]["window @ 88%"]["prefill"]["lookup@1024"] == [1.0, 0.5]
+    assert results["methods"]["full"] == saved["methods"]["full"]
+    assert json.loads((tmp_path / "recall.json").read_text())["methods"] == results["methods"]
+    # Without resume the run starts over.
+    fresh = evaluate_recall(model, tmp_path, methods=[full, window], settings=settings,
+                            progress=False)  # fmt: skip
+    assert fresh["methods"]["window @ 88%"]["prefill"]["lookup@1024"] != [1.0, 0.5]
+    with pytest.raises(ValueError, match="include 'full' among the methods"):
+        run_recall(model, [window], settings=settings)
+
+
+def test_resume_refuses_a_run_with_other_settings():
+    saved = {"items": 2, "tasks": ["lookup"], "lengths": [1024], "protocols": ["prefill"],
+             "stretch": {"1024": 0}, "model": "m", "methods": {"full": {}}}  # fmt: skip
+    expected = {k: v for k, v in saved.items() if k != "methods"}
+    assert resumable_methods(saved, {**expected, "seed": 0}) == {"full": {}}  # seed 0 by default
+    with pytest.raises(ValueError, match="was run with items 2, this run asks items 3"):
+        resumable_methods(saved, {**expected, "items": 3})
+    with pytest.raises(ValueError, match="was run with model 'm', this run asks model 'other'"):
+        resumable_methods(saved, {**expected, "model": "other"})
 
 
 def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():

@@ -25,6 +25,11 @@ def eval_command(args: argparse.Namespace) -> int:
     from ..evaluation import write_report
 
     out = Path(args.out)
+    if args.resume and (args.report_only or not args.recall):
+        raise ValueError(
+            "--resume goes on with a recall run (--recall without --report-only); "
+            + ("--report-only runs no method" if args.report_only else "add --recall")
+        )
     if args.report_only:
         report = "recall" if args.recall else "quality"
         saved = out / f"{report}.json"
@@ -153,7 +158,7 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
     )  # fmt: skip
     result = evaluate_recall(
         model, out, methods=methods(policies, args.budgets), settings=settings,
-        scorer_root=args.scorers, model_name=name,
+        scorer_root=args.scorers, model_name=name, resume=args.resume,
     )  # fmt: skip
     print(result["document"])
     for note in notes:

@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the long-range recall protocol instead (recall.md, recall.json)",
     )  # fmt: skip
     evaluator.add_argument(
+        "--resume", action="store_true",
+        help="with --recall: keep the methods already in OUT/recall.json (saved after each "
+        "method) when it was run with the same items, lengths, protocols and model, and run only "
+        "the others, so a cut-off run goes on where it stopped and other --policies add rows",
+    )  # fmt: skip
+    evaluator.add_argument(
         "--recall-items", type=integer(1), default=64,
         help="held-out recall items per task and length (64)",
     )  # fmt: skip

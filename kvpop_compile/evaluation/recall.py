@@ -12,10 +12,15 @@ its value at the end; the answer is nowhere else in the item. Two ways to ask:
 
 Exact match: every answer byte equals the greedy token. Results are kept per item (1 or 0), so
 any subset pools exactly and the report's bootstrap resamples items.
+
+A run is long (an hour or more on a CPU), so methods already measured with the same settings can
+be handed back in (``done``): they are kept, not rerun, and ``on_method`` sees the results after
+each method, so that a caller can save them as it goes and a cut-off run resumes where it stopped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +30,8 @@ from tqdm.auto import tqdm
 
 from ..embedded.corpus import encode
 from ..embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
-from .methods import Method, build_model
+from .methods import FULL, POLICIES, Method, build_model
+from .methods import methods as all_methods
 from .protocols import model_cache
 
 RECALL_PROTOCOLS = ("prefill", "decode")
@@ -110,6 +116,28 @@ def answer_exactly(
     return (tokens == answers).all(dim=1).double().tolist()
 
 
+def recall_settings_record(settings: RecallSettings, max_positions: int) -> dict:
+    """What a run's results depend on besides its methods (JSON-ready): two runs whose records
+    are equal asked the same items the same way, so their methods can share one report."""
+    return {
+        "items": settings.items,
+        "tasks": list(settings.tasks),
+        "lengths": list(settings.lengths),
+        "protocols": list(settings.protocols),
+        "stretch": {
+            str(n): decode_stretch(n, max_positions, settings.max_stretch) for n in settings.lengths
+        },
+        "seed": settings.seed,
+    }
+
+
+def method_order(name: str) -> int:
+    """Where method ``name`` sits in a report: full attention, then every policy at 75%, then at
+    88% (the order :func:`~.methods.methods` lists them); an unknown name goes last."""
+    names = [m.name for m in all_methods(POLICIES)]
+    return names.index(name) if name in names else len(names)
+
+
 def run_recall(
     original: nn.Module,
     methods: list[Method],
@@ -117,9 +145,16 @@ def run_recall(
     settings: RecallSettings | None = None,
     scorer_root: str | Path | None = None,
     progress: bool = True,
+    done: dict | None = None,
+    on_method: Callable[[dict], None] | None = None,
 ) -> dict:
     """Every method on the held-out recall items: ``{"methods": {name: {"policy", "budget",
-    protocol: {"task@length": [0/1 per item]}}}, ...}`` (JSON-ready)."""
+    protocol: {"task@length": [0/1 per item]}}}, ...}`` (JSON-ready).
+
+    ``done`` maps method names to records already measured with these settings (a saved run's
+    ``methods``): those methods are not rerun, and every one of them is in the results, asked
+    for this time or not. ``on_method`` gets the results so far after each method that ran.
+    """
     settings = settings or RecallSettings()
     unknown = set(settings.protocols) - set(RECALL_PROTOCOLS)
     if unknown:
@@ -127,15 +162,27 @@ def run_recall(
             f"protocols must be among {', '.join(RECALL_PROTOCOLS)}; got {sorted(unknown)}"
         )
     max_positions = original.config.max_position_embeddings
+    header = recall_settings_record(settings, max_positions)
+    results = dict(done or {})
+    if FULL not in results and all(m.name != FULL for m in methods):
+        raise ValueError(
+            f"the recall report compares every method with full attention: include {FULL!r} "
+            "among the methods"
+        )
+    to_run = [m for m in methods if m.name not in results]
     groups = {
         (task, length): recall_items("held_out", task, length, settings.items, settings.seed)
         for task in settings.tasks
         for length in settings.lengths
     }
-    work = len(methods) * len(groups) * len(settings.protocols)
+    work = len(to_run) * len(groups) * len(settings.protocols)
     bar = tqdm(total=work, disable=not progress, desc="recall", unit="group")
-    results = {}
-    for method in methods:
+
+    def snapshot() -> dict:
+        ordered = sorted(results, key=method_order)
+        return {**header, "methods": {name: results[name] for name in ordered}}
+
+    for method in to_run:
         bar.set_postfix_str(method.name)
         model = build_model(original, method, scorer_root)
         record: dict = {"policy": method.policy, "budget": method.budget}
@@ -156,14 +203,7 @@ def run_recall(
                 bar.update()
             record[protocol] = per_group
         results[method.name] = record
+        if on_method is not None:
+            on_method(snapshot())
     bar.close()
-    return {
-        "items": settings.items,
-        "tasks": list(settings.tasks),
-        "lengths": list(settings.lengths),
-        "protocols": list(settings.protocols),
-        "stretch": {
-            str(n): decode_stretch(n, max_positions, settings.max_stretch) for n in settings.lengths
-        },
-        "methods": results,
-    }
+    return snapshot()

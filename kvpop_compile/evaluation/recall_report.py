@@ -177,6 +177,22 @@ def write_recall_report(results: dict, out_dir) -> dict:
     return {**results, "document": document}
 
 
+def resumable_methods(saved: dict, expected: dict) -> dict:
+    """The methods of ``saved`` (a ``recall.json``) when it was run with the settings in
+    ``expected`` (:func:`~.recall.recall_settings_record` plus ``model``); ``ValueError``
+    naming the first setting that differs otherwise, since its items would not be this run's."""
+    from .recall import RECALL_SEED
+
+    for key, value in expected.items():
+        theirs = saved.get(key, RECALL_SEED if key == "seed" else None)
+        if theirs != value:
+            raise ValueError(
+                f"cannot resume: the saved recall.json was run with {key} {theirs!r}, this run "
+                f"asks {key} {value!r}; give the saved run's settings, or another --out"
+            )
+    return dict(saved.get("methods", {}))
+
+
 def evaluate_recall(
     original,
     out_dir,
@@ -186,13 +202,37 @@ def evaluate_recall(
     scorer_root=None,
     model_name: str = "the embedded model",
     progress: bool = True,
+    resume: bool = False,
 ) -> dict:
     """Run the recall protocol (:func:`~.recall.run_recall`) and write its report
-    (:func:`write_recall_report`); returns the results with ``document`` (the markdown)."""
-    from .recall import run_recall
+    (:func:`write_recall_report`); returns the results with ``document`` (the markdown).
+
+    ``recall.json`` is rewritten (atomically) after every method, so a cut-off run loses at
+    most the method it was on. With ``resume``, the methods of a ``recall.json`` already in
+    ``out_dir`` are kept and not rerun when it was run with the same settings and model
+    (:func:`resumable_methods`); the report then has its methods and this run's.
+    """
+    from .recall import RecallSettings, recall_settings_record, run_recall
+
+    out = Path(out_dir)
+    settings = settings or RecallSettings()
+    expected = {
+        **recall_settings_record(settings, original.config.max_position_embeddings),
+        "model": model_name,
+    }
+    saved = out / "recall.json"
+    done = resumable_methods(json.loads(saved.read_text()), expected) if (
+        resume and saved.is_file()
+    ) else None  # fmt: skip
+
+    def save(partial: dict) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({**partial, "model": model_name}, indent=1) + "\n"
+        atomic_write(saved, lambda p: Path(p).write_text(text))
 
     results = run_recall(
-        original, methods, settings=settings, scorer_root=scorer_root, progress=progress
-    )
+        original, methods, settings=settings, scorer_root=scorer_root, progress=progress,
+        done=done, on_method=save,
+    )  # fmt: skip
     results["model"] = model_name
-    return write_recall_report(results, out_dir)
+    return write_recall_report(results, out)
