@@ -59,7 +59,10 @@ class KVpopConfig:
 
     Capacity is ``sinks + window + topk`` slots: the first ``sinks`` positions, the ``window``
     most recent tokens (the current one included) and a pool of the ``topk`` older tokens of
-    highest priority ``rhat_t + lam * t``.
+    highest priority ``rhat_t + lam * t``. With ``priority_span = P > 0`` a token's ``rhat_t`` is
+    first raised to the highest score among itself and the ``P`` tokens that left the window
+    just before it, so a token right after one the scorer rates highly (the other bytes of a
+    number, the rest of a name) is kept with it.
     """
 
     sinks: int = 4
@@ -67,6 +70,9 @@ class KVpopConfig:
     topk: int = 3836
     lam: float = 0.0
     scorer: ScorerKind | str = ScorerKind.MEMORY
+    # Scores spread to the P tokens after each (0: off). An inference-time option of the
+    # learned and static scorers: training scores each token on its own.
+    priority_span: int = 0
     scorer_hidden: int = 64  # hidden width of the scorers' readout MLP
     memory_dim: int = 32  # key/query feature size of the memory scorer
     memory_value_dim: int = 32  # value feature size of the memory scorer
@@ -90,6 +96,13 @@ class KVpopConfig:
         require_number("lam", self.lam, positive=False)
         object.__setattr__(self, "scorer", require_choice("scorer", self.scorer, ScorerKind))
         object.__setattr__(self, "lam", float(self.lam))
+        require_int("priority_span", self.priority_span, 0)
+        if self.priority_span and self.scorer.attention_fed:
+            raise ValueError(
+                f"priority_span={self.priority_span} spreads a score fixed when a token leaves "
+                f"the window; scorer {self.scorer.value!r} rescores its pool every step: use "
+                "priority_span=0 with it"
+            )
 
     def to_dict(self) -> dict:
         """The fields as plain JSON values (the scorer kind as its name), as saved scorers,

@@ -21,10 +21,10 @@ from kvpop_compile.runtime import BoundedCacheState, build_scorer, chunk_step, d
 HEAD_DIM = 8
 
 
-def _config(kind, sinks, window, topk, lam):
+def _config(kind, sinks, window, topk, lam, span=0):
     return KVpopConfig(
         sinks=sinks, window=window, topk=topk, lam=lam, scorer=kind, memory_dim=4,
-        memory_value_dim=4, scorer_hidden=8, prefill_block=5,
+        memory_value_dim=4, scorer_hidden=8, prefill_block=5, priority_span=span,
     )  # fmt: skip
 
 
@@ -55,6 +55,7 @@ def _assert_same_state(a: BoundedCacheState, b: BoundedCacheState) -> None:
     for x, y in zip(_held(a), _held(b), strict=True):
         torch.testing.assert_close(x, y, **TOLERANCE)
     torch.testing.assert_close(a.scorer_state, b.scorer_state, **TOLERANCE)
+    torch.testing.assert_close(a.recent_scores, b.recent_scores, **TOLERANCE)
     # Pre-RoPE keys of the ring's held tokens (an empty ring slot's row is never read).
     window = a.window_keys.shape[2]
     held = (a.positions[..., -window:] >= 0).unsqueeze(-1)
@@ -63,8 +64,8 @@ def _assert_same_state(a: BoundedCacheState, b: BoundedCacheState) -> None:
     )
 
 
-def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed):
-    config = _config(kind, sinks, window, topk, lam)
+def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed, span=0):
+    config = _config(kind, sinks, window, topk, lam, span)
     scorer = build_scorer(config, kv_heads, HEAD_DIM)
     q, k, raw_k, v = make_inputs(seed, batch, kv_heads, group, n + extra, HEAD_DIM)
     kwargs = {"scorer": scorer, "config": config, "scale": HEAD_DIM**-0.5}
@@ -102,6 +103,7 @@ def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group,
     window=st.integers(1, 6),
     topk=st.integers(0, 6),
     lam=st.sampled_from([0.0, 0.05]),
+    span=st.sampled_from([0, 1, 3]),
     n=st.integers(2, 40),
     cuts=st.lists(st.integers(1, 39), min_size=1, max_size=5),
     extra=st.integers(0, 3),
@@ -111,9 +113,10 @@ def _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group,
     seed=st.integers(0, 2**31 - 1),
 )
 def test_chunked_prefill_equals_one_shot_and_decode_steps(
-    kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed
+    kind, sinks, window, topk, lam, span, n, cuts, extra, batch, kv_heads, group, seed
 ):
-    _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed)
+    """Invariant 2, with and without ``priority_span`` (the spread carries across chunks)."""
+    _run(kind, sinks, window, topk, lam, n, cuts, extra, batch, kv_heads, group, seed, span)
 
 
 @pytest.mark.parametrize("kind", [k.value for k in ScorerKind])
@@ -205,3 +208,20 @@ def test_prefill_chunk_is_checked():
     model = kc.transform(tiny_qwen3(), KVpopConfig(sinks=2, window=4, topk=10))
     with pytest.raises(ValueError, match="chunk must be an integer >= 1, got 0"):
         kc.prefill(model, prompt(), kc.new_cache(model), chunk=0)
+
+
+@pytest.mark.parametrize("span", [0, 3])
+def test_the_distillation_student_sees_what_the_bounded_cache_keeps(span):
+    """The student's mask (parallel rule over the whole sequence) is the cache's: the same
+    attention outputs as the one-shot prefill, spread scores included."""
+    from kvpop_compile.training.student_attention import StudentAttention
+
+    config = _config("memory", 2, 3, 4, 0.0, span)
+    scorer = build_scorer(config, 2, HEAD_DIM)
+    q, k, raw_k, v = make_inputs(11, 2, 2, 2, 30, HEAD_DIM)
+    student = StudentAttention(config, HEAD_DIM**-0.5)
+    student.scorer = scorer
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=HEAD_DIM)
+    expected = chunk_step(state, q, k, raw_k, v, scorer=scorer, config=config,
+                          scale=HEAD_DIM**-0.5)  # fmt: skip
+    torch.testing.assert_close(student(q, k, v, raw_k), expected, **TOLERANCE)

@@ -21,10 +21,10 @@ CUDA = pytest.param(
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("kind", ["memory", "h2o"])
-def test_compiled_decode_step_has_one_graph_and_matches_eager(kind, device):
+@pytest.mark.parametrize(("kind", "span"), [("memory", 0), ("memory", 2), ("h2o", 0)])
+def test_compiled_decode_step_has_one_graph_and_matches_eager(kind, span, device):
     torch._dynamo.reset()
-    config = KVpopConfig(sinks=2, window=3, topk=5, lam=0.01, scorer=kind)
+    config = KVpopConfig(sinks=2, window=3, topk=5, lam=0.01, scorer=kind, priority_span=span)
     scorer = build_scorer(config, 2, 16).to(device)
     compiled_state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16, device=device)
     eager_state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=16, device=device)

@@ -34,6 +34,12 @@ def test_scorer_given_as_string_becomes_enum():
         ({"memory_value_dim": 0}, "memory_value_dim must be an integer >= 1, got 0"),
         ({"seed": -1}, "seed must be an integer >= 0, got -1"),
         ({"prefill_block": 0}, "prefill_block must be an integer >= 1, got 0"),
+        ({"priority_span": -1}, "priority_span must be an integer >= 0, got -1"),
+        (
+            {"priority_span": 2, "scorer": "h2o"},
+            "priority_span=2 spreads a score fixed when a token leaves the window; scorer 'h2o' "
+            "rescores its pool every step: use priority_span=0 with it",
+        ),
     ],
 )
 def test_bad_values_raise_value_error_naming_them(kwargs, message):

@@ -1,6 +1,7 @@
 """export() and load(): AOTInductor and ONNX engines generate like the eager model, run in a
 fresh process, and refuse damaged or mismatched folders."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -57,6 +58,14 @@ def test_engine_in_a_fresh_process_generates_the_eager_tokens(model, engines, fo
         torch.save(runner.generate(ids, 300), {str(tmp_path / "out.pt")!r})
     """)
     assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_an_engine_with_spread_scores_generates_the_eager_tokens(tmp_path):
+    """``priority_span``'s last scores travel as one more state tensor of the exported graph."""
+    spread = kc.transform(tiny_qwen3(), dataclasses.replace(CONFIG, priority_span=3))
+    ids = prompt(length=PROMPT_LENGTH, batch=1)
+    runner = kc.load(kc.export(spread, tmp_path / "onnx", "onnx"))
+    assert torch.equal(runner.generate(ids, 60), kc.generate(spread, ids, 60))
 
 
 def test_aoti_engine_prefills_in_chunks_of_its_prefill_length(model, engines):

@@ -1,6 +1,7 @@
 """Graph passes: structure of the rewritten attention graph and numerics before/after."""
 
 import logging
+from dataclasses import fields
 
 import pytest
 import torch
@@ -61,7 +62,8 @@ def test_passes_rewrite_attention_and_keep_numerics(implementation, heads, kv_he
     assert len(modules) == 1 and isinstance(modules[0], BoundedAttention)
     assert modules[0].layer_idx == 1 and modules[0].scorer.num_kv_heads == kv_heads
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    assert placeholders[:3] == ["hidden", "cos", "sin"] and len(placeholders) == 3 + 8
+    state_inputs = [f"kvpop_state_0_{f.name}" for f in fields(BoundedCacheState)]  # in order
+    assert placeholders == ["hidden", "cos", "sin", *state_inputs]
 
     hidden = torch.randn(2, 10, model.config.hidden_size)
     cos, sin = model.model.rotary_emb(hidden, torch.arange(10).unsqueeze(0).expand(2, -1))

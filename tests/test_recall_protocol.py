@@ -10,7 +10,7 @@ from kvpop_compile import transform
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.embedded.recall import RecallItem, recall_items
-from kvpop_compile.evaluation.methods import Method, budget_config
+from kvpop_compile.evaluation.methods import Method, budget_config, methods, span_notes
 from kvpop_compile.evaluation.protocols import greedy_continuation
 from kvpop_compile.evaluation.recall import (
     RecallSettings,
@@ -121,6 +121,25 @@ def test_a_cut_off_run_resumes_where_it_stopped(model, tmp_path):
     assert fresh["methods"]["window @ 88%"]["prefill"]["lookup@1024"] != [1.0, 0.5]
     with pytest.raises(ValueError, match="include 'full' among the methods"):
         run_recall(model, [window], settings=settings)
+
+
+def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
+    spread = methods(["memory", "h2o"], ["88%"], priority_span=3)
+    assert [(m.name, m.priority_span) for m in spread] == [
+        ("full", 0), ("memory @ 88%", 3), ("h2o @ 88%", 0),  # a heuristic runs as published
+    ]  # fmt: skip
+    assert spread[1].record() == {"policy": "memory", "budget": "88%", "priority_span": 3}
+    assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
+    assert span_notes({m.name: m.record() for m in spread}) == [
+        "priority_span 3: memory @ 88% spread each token's score over the tokens that leave the "
+        "window after it; full attention and the heuristic policies run without it"
+    ]
+    assert span_notes({m.name: m.record() for m in methods(["memory"], ["88%"])}) == []
+    saved = {"full": {"policy": None, "budget": None}, "memory @ 88%": spread[1].record()}
+    settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=1, protocols=("prefill",))
+    with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
+                       "priority_span 3, this run asks 0"):  # fmt: skip
+        run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
 
 
 def test_resume_refuses_a_run_with_other_settings():

@@ -131,3 +131,13 @@ def device(text: str) -> str:
                 "--device cpu"
             )
     return text
+
+
+def config_from_arguments(args: argparse.Namespace):
+    """The ``KVpopConfig`` of the :func:`budget_arguments`."""
+    from ..config import KVpopConfig
+
+    return KVpopConfig(
+        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer,
+        priority_span=args.priority_span,
+    )  # fmt: skip

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .arguments import config_from_arguments
+
 
 def demo_command(args: argparse.Namespace) -> int:
     from ..evaluation.demo import run_demo
@@ -58,7 +60,7 @@ def eval_command(args: argparse.Namespace) -> int:
         scorers=args.model is None or args.scorers is not None,
     )
     if not args.recall:  # the recall items have lengths of their own
-        methods(policies, args.budgets, args.length)  # a length too short, before the model loads
+        methods(policies, args.budgets, args.length, args.priority_span)  # before the model loads
     if args.model is None:
         from ..embedded import load_embedded_model
 
@@ -105,7 +107,7 @@ def _eval_sequences(
     result = evaluate_sequences(
         model, out, data, policies=policies, budgets=args.budgets, settings=settings,
         scorer_root=args.scorers, model_name=name, about=about,
-        plots=not args.no_plots,
+        plots=not args.no_plots, priority_span=args.priority_span,
     )  # fmt: skip
     print(result["document"])
     print(f"wrote {out / 'quality.md'} and {out / 'quality.json'}")
@@ -130,7 +132,8 @@ def _eval_own_data(
 
         items = answer_items(args.data, tokenizer, model.config.max_position_embeddings)
         result = evaluate_answers(
-            model, out, items, methods=methods(policies, args.budgets, args.length),
+            model, out, items, methods=methods(policies, args.budgets, args.length,
+                                               args.priority_span),
             batch=args.batch, scorer_root=args.scorers, model_name=name,
             data=f"`{args.data}`", tokenizer=None if tokenizer.byte_tokens else tokenizer.name,
             notes=notes,
@@ -157,7 +160,8 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
         protocols=args.recall_protocols,
     )  # fmt: skip
     result = evaluate_recall(
-        model, out, methods=methods(policies, args.budgets), settings=settings,
+        model, out, methods=methods(policies, args.budgets, priority_span=args.priority_span),
+        settings=settings,
         scorer_root=args.scorers, model_name=name, resume=args.resume,
     )  # fmt: skip
     print(result["document"])
@@ -170,7 +174,6 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
 def bench_command(args: argparse.Namespace) -> int:
     import torch
 
-    from ..config import KVpopConfig
     from ..evaluation.long_context import bench_model, run_bench
     from ..evaluation.long_context_report import bench_setup, bench_table, write_bench
     from ..evaluation.long_context_settings import BenchSettings
@@ -182,9 +185,7 @@ def bench_command(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = KVpopConfig(
-        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
-    )
+    config = config_from_arguments(args)
     settings = BenchSettings(
         contexts=tuple(n for group in args.contexts for n in group),
         methods=tuple(m for group in args.methods for m in group),
@@ -205,11 +206,7 @@ def _budget_and_model(args: argparse.Namespace):
     """The ``KVpopConfig`` of the budget arguments, and the untransformed ``--model``."""
     from transformers import AutoModelForCausalLM
 
-    from ..config import KVpopConfig
-
-    config = KVpopConfig(
-        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer
-    )
+    config = config_from_arguments(args)
     return config, AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
 
 

@@ -33,12 +33,18 @@ def model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def budget_arguments(parser: argparse.ArgumentParser) -> None:
-    """The policy's budget: sinks, window, top-k, position weight and scorer."""
+    """The policy's budget: sinks, window, top-k, position weight, scorer and score span
+    (:func:`~.arguments.config_from_arguments` reads them)."""
     parser.add_argument("--sinks", type=integer(0), default=4)
     parser.add_argument("--window", type=integer(1), default=256)
     parser.add_argument("--topk", type=integer(0), default=3836)
     parser.add_argument("--lam", type=number(positive=False), default=0.0)
     parser.add_argument("--scorer", default="memory", help="policy (default memory)")
+    parser.add_argument(
+        "--priority-span", type=integer(0), default=0,
+        help="a token's score also counts for the P tokens that leave the window after it "
+        "(default 0: off)",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         "it is byte-level and has none); default: the embedded model",
     )  # fmt: skip
     evaluator.add_argument("--scorers", help="trained scorers, <policy>-<capacity>/ folders")
+    evaluator.add_argument(
+        "--priority-span", type=integer(0), default=0,
+        help="spread each learned score over the P tokens that leave the window after it "
+        "(default 0: off; the heuristics run as published)",
+    )  # fmt: skip
     evaluator.add_argument("--out", default="benchmarks/results", help="results folder")
     evaluator.add_argument("--threads", type=integer(1), help="torch threads (default: torch's)")
     evaluator.add_argument("--no-plots", action="store_true", help="tables only (no matplotlib)")

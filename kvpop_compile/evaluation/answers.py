@@ -92,9 +92,7 @@ def run_answers(
             for i, match in zip(indices, (tokens == answers).all(dim=1).tolist(), strict=True):
                 exact[i] = float(match)
             bar.update()
-        results[method.name] = {
-            "policy": method.policy, "budget": method.budget, PROTOCOL: {GROUP: exact},
-        }  # fmt: skip
+        results[method.name] = {**method.record(), PROTOCOL: {GROUP: exact}}
     bar.close()
     return {
         "items": [item.source for item in items],

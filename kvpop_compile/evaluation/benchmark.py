@@ -148,7 +148,7 @@ def run_eval(
     for method in methods:
         bar.set_postfix_str(method.name)
         model = build_model(original, method, scorer_root)
-        record: dict = {"policy": method.policy, "budget": method.budget}
+        record = method.record()
         for protocol in settings.protocols:
             sums: dict = {}
             generated = []

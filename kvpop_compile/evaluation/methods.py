@@ -41,14 +41,17 @@ EMBEDDED_SCORERS = Path(__file__).resolve().parents[1] / "embedded" / "scorers"
 """Folder of the scorers trained for the embedded model, one sub-folder per policy and budget."""
 
 
-def budget_config(policy: str, capacity: int) -> KVpopConfig:
+def budget_config(policy: str, capacity: int, priority_span: int = 0) -> KVpopConfig:
     """The benchmark's config for ``policy`` keeping ``capacity`` tokens."""
     if capacity <= SINKS + WINDOW:
         raise ValueError(
             f"capacity must exceed sinks + window = {SINKS + WINDOW} so that the pool has a "
             f"slot, got {capacity}"
         )
-    return KVpopConfig(sinks=SINKS, window=WINDOW, topk=capacity - SINKS - WINDOW, scorer=policy)
+    return KVpopConfig(
+        sinks=SINKS, window=WINDOW, topk=capacity - SINKS - WINDOW, scorer=policy,
+        priority_span=priority_span,
+    )  # fmt: skip
 
 
 def scorer_folder(policy: str, capacity: int, root: str | Path | None = None) -> Path:
@@ -59,11 +62,21 @@ def scorer_folder(policy: str, capacity: int, root: str | Path | None = None) ->
 @dataclass(frozen=True)
 class Method:
     """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention) of
-    sequences of ``length`` tokens."""
+    sequences of ``length`` tokens, its scores spread over ``priority_span`` tokens
+    (``KVpopConfig.priority_span``)."""
 
     policy: str | None
     budget: str | None
     length: int = SEQUENCE_LENGTH
+    priority_span: int = 0
+
+    def record(self) -> dict:
+        """What a results file says of the method: policy, budget, and a span when there is
+        one (so files of runs without it read as before)."""
+        record: dict = {"policy": self.policy, "budget": self.budget}
+        if self.priority_span:
+            record["priority_span"] = self.priority_span
+        return record
 
     @property
     def name(self) -> str:
@@ -75,9 +88,14 @@ class Method:
 
 
 def methods(
-    policies=POLICIES, budgets=tuple(BUDGETS), length: int = SEQUENCE_LENGTH
+    policies=POLICIES,
+    budgets=tuple(BUDGETS),
+    length: int = SEQUENCE_LENGTH,
+    priority_span: int = 0,
 ) -> list[Method]:
-    """Full attention, then every policy at every budget of ``length``-token sequences.
+    """Full attention, then every policy at every budget of ``length``-token sequences, the
+    learned ones spreading their scores over ``priority_span`` tokens (the heuristics run as
+    published, so that they stay the baselines they are named after).
 
     Unknown names raise ``ValueError``, and so does a ``length`` that leaves a budget no pool
     slot beyond the sinks and window.
@@ -97,7 +115,28 @@ def methods(
                 f"but a budget must exceed sinks + window = {SINKS + WINDOW}; use a length of "
                 f"at least {shortest}"
             )
-    return [Method(None, None, length)] + [Method(p, b, length) for b in budgets for p in policies]
+    require_int("priority_span", priority_span, 0)
+
+    def span(policy: str) -> int:
+        return priority_span if ScorerKind(policy).learned else 0
+
+    return [Method(None, None, length)] + [
+        Method(p, b, length, span(p)) for b in budgets for p in policies
+    ]
+
+
+def span_notes(records: dict) -> list[str]:
+    """A line naming the methods of ``records`` (a results file's ``methods``) that spread their
+    scores (``priority_span``); none when no method did."""
+    spread = {name: r["priority_span"] for name, r in records.items() if r.get("priority_span")}
+    if not spread:
+        return []
+    spans = sorted(set(spread.values()))
+    return [
+        f"priority_span {', '.join(map(str, spans))}: {', '.join(spread)} spread each token's "
+        "score over the tokens that leave the window after it; full attention and the "
+        "heuristic policies run without it"
+    ]
 
 
 def runnable_policies(
@@ -160,7 +199,7 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     """
     if method.policy is None:
         return original
-    config = budget_config(method.policy, method.capacity)
+    config = budget_config(method.policy, method.capacity, method.priority_span)
     model = transform(copy.deepcopy(original), config)
     if config.scorer.learned:
         load_scorer(model, trained_scorer(method, scorer_root))

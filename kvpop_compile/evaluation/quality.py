@@ -12,7 +12,7 @@ from pathlib import Path
 from ..atomic import atomic_write
 from .benchmark import EvalSettings, run_eval
 from .data import SEQUENCE_LENGTH, Sequence, held_out_sequences
-from .methods import BUDGETS, POLICIES, capacities, methods
+from .methods import BUDGETS, POLICIES, capacities, methods, span_notes
 from .report import markdown_tables, report_footer, summarize, summarize_kvpress
 
 KVPRESS_RESULTS = "kvpress.json"
@@ -110,16 +110,18 @@ def evaluate_sequences(
     about: dict | None = None,
     plots: bool = True,
     progress: bool = True,
+    priority_span: int = 0,
 ) -> dict:
     """:func:`evaluate` on the sequences ``data`` (each of ``length + 1`` tokens; budgets
     scale with ``length``). ``about`` describes data other than the held-out files, for the
     report: ``data`` (what was read), ``tokenizer`` (the tokenizer that made the ids, None for
-    UTF-8 bytes) and ``run_notes`` (a list of lines)."""
+    UTF-8 bytes) and ``run_notes`` (a list of lines). ``priority_span`` spreads the scores of
+    the policies that fix them when a token leaves the window (``KVpopConfig.priority_span``)."""
     if not data:
         raise ValueError("no sequences to evaluate")
     length = data[0].ids.numel() - 1
     results = run_eval(
-        original, data, methods(policies, budgets, length), settings=settings,
+        original, data, methods(policies, budgets, length, priority_span), settings=settings,
         scorer_root=scorer_root, progress=progress,
     )  # fmt: skip
     results["model"] = model_name
@@ -140,6 +142,7 @@ def write_report(results: dict, out_dir: str | Path, *, plots: bool = True) -> d
     kvpress_file = out / KVPRESS_RESULTS
     if kvpress_file.is_file():
         kvpress, notes = summarize_kvpress(json.loads(kvpress_file.read_text()), results)
+    notes = span_notes(results["methods"]) + notes
     text = json.dumps(results, indent=1) + "\n"
     atomic_write(out / "quality.json", lambda p: Path(p).write_text(text))
     document = _document(results, summary, kvpress, notes)

@@ -169,6 +169,14 @@ def run_recall(
             f"the recall report compares every method with full attention: include {FULL!r} "
             "among the methods"
         )
+    for method in methods:
+        saved = results.get(method.name)
+        if saved is not None and saved.get("priority_span", 0) != method.priority_span:
+            raise ValueError(
+                f"cannot resume {method.name}: it was run with priority_span "
+                f"{saved.get('priority_span', 0)}, this run asks {method.priority_span}; give the "
+                "saved run's span, or another --out"
+            )
     to_run = [m for m in methods if m.name not in results]
     groups = {
         (task, length): recall_items("held_out", task, length, settings.items, settings.seed)
@@ -185,7 +193,7 @@ def run_recall(
     for method in to_run:
         bar.set_postfix_str(method.name)
         model = build_model(original, method, scorer_root)
-        record: dict = {"policy": method.policy, "budget": method.budget}
+        record = method.record()
         for protocol in settings.protocols:
             per_group = {}
             for (task, length), items in groups.items():

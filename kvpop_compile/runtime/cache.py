@@ -24,7 +24,7 @@ from .scorers.base import Scorer
 
 # What an empty cache holds, per field (0 for fields not listed): a runtime that allocates the
 # state itself, such as an exported engine's runner, fills it from this table.
-EMPTY_FILL = {"positions": -1, "priorities": float("-inf")}
+EMPTY_FILL = {"positions": -1, "priorities": float("-inf"), "recent_scores": float("-inf")}
 
 
 @dataclass
@@ -40,6 +40,9 @@ class BoundedCacheState:
         torch.Tensor
     )  # (B, H, C) float32 attention received (attention-fed scorers) or (B, H, 0)
     scorer_state: torch.Tensor  # (B, H, *scorer.state_shape) float32 recurrent scorer state
+    # (B, H, P) float32 scores of the last P = priority_span tokens that left the window, oldest
+    # first, -inf = none: what the next leaving token's score spreads from (P = 0: off).
+    recent_scores: torch.Tensor
     # (B,) int64 tokens each row has written = the position of its next token. Per row, so a
     # batch of prompts of different lengths (left-padded, the padding never written) is held.
     seen: torch.Tensor
@@ -70,6 +73,7 @@ class BoundedCacheState:
             ),
             statistic=torch.zeros(batch, heads, stat_slots, device=device),
             scorer_state=scorer.init_state(batch, device),
+            recent_scores=torch.empty(batch, heads, config.priority_span, device=device),
             seen=torch.zeros(batch, dtype=torch.int64, device=device),
         )
         state.reset_()

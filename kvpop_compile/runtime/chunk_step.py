@@ -16,7 +16,7 @@ from ..config import KVpopConfig
 from . import ops  # noqa: F401  (registers the kvpop ops)
 from .cache import BoundedCacheState
 from .decode_step import check_inputs, decode_tokens, gather_slots
-from .reference.eviction import token_priority
+from .reference.eviction import spread_scores, token_priority
 from .scorers.attention_fed import AttentionFedScorer
 from .scorers.base import Scorer
 
@@ -60,6 +60,7 @@ def chunk_step(
     rhat, scorer_state = scorer.score_chunk(
         state.scorer_state, raw_k, v, *chunk.leaving(raw_k, v), chunk.leaving_positions
     )
+    rhat, recent = spread_scores(rhat, state.recent_scores, chunk.leaving_positions, config.sinks)
     candidates = chunk.candidates(rhat)
     steps = candidates.eviction_steps(config.topk)
     keys = torch.cat([state.keys, k], dim=2)
@@ -70,6 +71,7 @@ def chunk_step(
     )  # fmt: skip
     chunk.hold_survivors(candidates, steps, k, raw_k, v)
     state.scorer_state.copy_(scorer_state)
+    state.recent_scores.copy_(recent)
     state.seen.add_(q.shape[2])
     return out
 

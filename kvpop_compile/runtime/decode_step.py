@@ -19,7 +19,7 @@ from . import ops  # noqa: F401  (registers the kvpop ops)
 from .cache import BoundedCacheState
 from .reference.attention import query_group
 from .reference.evict import window_slot
-from .reference.eviction import token_priority
+from .reference.eviction import spread_scores, token_priority
 from .scorers.attention_fed import AttentionFedScorer
 from .scorers.base import Scorer
 
@@ -158,6 +158,13 @@ def decode_step(
             state.scorer_state, raw_k[:, :, 0], v[:, :, 0], leaving.raw_key, leaving.value,
             leaving.position,
         )  # fmt: skip
+        if config.priority_span:
+            spread, recent = spread_scores(
+                rhat.unsqueeze(-1), state.recent_scores, leaving.position.unsqueeze(-1),
+                config.sinks,
+            )  # fmt: skip
+            rhat = spread.squeeze(-1)
+            state.recent_scores.copy_(recent)
     priority = token_priority(rhat, config.lam, leaving.position)
     update_state_(state, leaving, priority, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(

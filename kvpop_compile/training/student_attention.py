@@ -15,7 +15,7 @@ from torch import nn
 from ..config import KVpopConfig
 from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
 from ..runtime.reference.attention import masked_attention
-from ..runtime.reference.eviction import token_priority
+from ..runtime.reference.eviction import spread_scores, token_priority
 from ..runtime.scorers.base import Scorer
 
 
@@ -35,6 +35,10 @@ class StudentAttention(nn.Module):
         config = self.config
         with torch.no_grad():
             rhat, _ = self.scorer.score_sequence(raw_k, v, config.window)
+            # The student sees what inference keeps, spread scores included.
+            none_before = rhat.new_full((*rhat.shape[:2], config.priority_span), float("-inf"))
+            positions = torch.arange(rhat.shape[-1], device=rhat.device)
+            rhat, _ = spread_scores(rhat, none_before, positions, config.sinks)
             # The op: a Triton kernel on CUDA. Attention below stays the differentiable
             # reference, since the student's weights train through it.
             steps = torch.ops.kvpop.eviction_steps(

@@ -46,6 +46,42 @@ def token_priority(
     return score.float() + lam * positions.float()
 
 
+def spread_scores(
+    score: torch.Tensor, recent: torch.Tensor, positions: torch.Tensor, sinks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each leaving token's score raised to the highest among itself and the ``P`` pool-eligible
+    tokens that left the window just before it (``KVpopConfig.priority_span``).
+
+    A scorer rates bytes one at a time, and the bytes of one number or name rarely all clear the
+    pool's bar, while an answer needs every one of them: spreading a high score over the tokens
+    that follow keeps such a run together. Only earlier tokens count, so the streaming rule can
+    apply it when a token leaves the window, and the parallel and chunked rules get the same
+    priorities.
+
+    Args:
+        score: ``(B, H, L)`` scores of the tokens leaving the window at ``L`` consecutive steps.
+        recent: ``(B, H, P)`` the scores of the ``P`` tokens that left before them, oldest first
+            (``-inf`` where there was none).
+        positions: ``(B, 1 or H, L)`` their positions; a sink or an empty slot (below ``sinks``)
+            neither spreads nor receives a score.
+
+    Returns:
+        ``(B, H, L)`` the spread scores and ``(B, H, P)`` the ``recent`` of the next call.
+    """
+    span = recent.shape[-1]
+    if span == 0:
+        return score, recent
+    eligible = positions >= sinks
+    own = torch.where(eligible, score.float(), float("-inf"))
+    history = torch.cat([recent, own], dim=-1)  # (B, H, P + L)
+    length = score.shape[-1]
+    # Static slices rather than a pooling op: every exporter and compiler takes them.
+    spread = history[..., span:]
+    for back in range(1, span + 1):
+        spread = torch.maximum(spread, history[..., span - back : span - back + length])
+    return torch.where(eligible, spread, score.float()), history[..., -span:]
+
+
 def _check_budget(sinks: int, window: int, topk: int) -> None:
     for name, value, minimum in (("sinks", sinks, 0), ("window", window, 1), ("topk", topk, 0)):
         require_int(name, value, minimum)
