@@ -70,8 +70,9 @@ class KVpopConfig:
     topk: int = 3836
     lam: float = 0.0
     scorer: ScorerKind | str = ScorerKind.MEMORY
-    # Scores spread to the P tokens after each (0: off). An inference-time option of the
-    # learned and static scorers: training scores each token on its own.
+    # Scores spread to the P tokens after each (0: off), for scorers whose scores are fixed
+    # when a token leaves the window. The scorer's loss still scores each token on its own;
+    # the distillation student's mask includes the spread, as inference does.
     priority_span: int = 0
     scorer_hidden: int = 64  # hidden width of the scorers' readout MLP
     memory_dim: int = 32  # key/query feature size of the memory scorer
