@@ -78,6 +78,17 @@ class Method:
             record["priority_span"] = self.priority_span
         return record
 
+    def differs_from(self, saved: dict) -> tuple[str, object, object] | None:
+        """The first field of :meth:`record` on which ``saved`` (a results file's row) describes
+        another method, as ``(field, saved value, this method's)``; None when it is this one."""
+        unwritten = {"priority_span": 0}  # what record() leaves out of a file
+        ours = {**unwritten, **self.record()}
+        for key, value in ours.items():
+            theirs = saved.get(key, unwritten.get(key))
+            if theirs != value:
+                return key, theirs, value
+        return None
+
     @property
     def name(self) -> str:
         return FULL if self.policy is None else f"{self.policy} @ {self.budget}"

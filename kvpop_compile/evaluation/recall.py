@@ -131,11 +131,13 @@ def recall_settings_record(settings: RecallSettings, max_positions: int) -> dict
     }
 
 
+_REPORT_ORDER = [m.name for m in all_methods(POLICIES)]
+
+
 def method_order(name: str) -> int:
     """Where method ``name`` sits in a report: full attention, then every policy at 75%, then at
     88% (the order :func:`~.methods.methods` lists them); an unknown name goes last."""
-    names = [m.name for m in all_methods(POLICIES)]
-    return names.index(name) if name in names else len(names)
+    return _REPORT_ORDER.index(name) if name in _REPORT_ORDER else len(_REPORT_ORDER)
 
 
 def run_recall(
@@ -169,14 +171,15 @@ def run_recall(
             f"the recall report compares every method with full attention: include {FULL!r} "
             "among the methods"
         )
-    for method in methods:
-        saved = results.get(method.name)
-        if saved is not None and saved.get("priority_span", 0) != method.priority_span:
-            raise ValueError(
-                f"cannot resume {method.name}: it was run with priority_span "
-                f"{saved.get('priority_span', 0)}, this run asks {method.priority_span}; give the "
-                "saved run's span, or another --out"
-            )
+    for method in methods:  # a saved row is kept only if it describes this very method
+        if method.name in results:
+            differs = method.differs_from(results[method.name])
+            if differs:
+                key, theirs, ours = differs
+                raise ValueError(
+                    f"cannot resume {method.name}: it was run with {key} {theirs}, this run asks "
+                    f"{ours}; give the saved run's settings, or another --out"
+                )
     to_run = [m for m in methods if m.name not in results]
     groups = {
         (task, length): recall_items("held_out", task, length, settings.items, settings.seed)

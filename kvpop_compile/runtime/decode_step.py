@@ -158,13 +158,12 @@ def decode_step(
             state.scorer_state, raw_k[:, :, 0], v[:, :, 0], leaving.raw_key, leaving.value,
             leaving.position,
         )  # fmt: skip
-        if config.priority_span:
-            spread, recent = spread_scores(
-                rhat.unsqueeze(-1), state.recent_scores, leaving.position.unsqueeze(-1),
-                config.sinks,
-            )  # fmt: skip
-            rhat = spread.squeeze(-1)
-            state.recent_scores.copy_(recent)
+        # Spreading is a no-op (and recent_scores empty) when priority_span is 0.
+        spread, recent = spread_scores(
+            rhat.unsqueeze(-1), state.recent_scores, leaving.position.unsqueeze(-1), config.sinks
+        )
+        rhat = spread.squeeze(-1)
+        state.recent_scores.copy_(recent)
     priority = token_priority(rhat, config.lam, leaving.position)
     update_state_(state, leaving, priority, k, raw_k, v, config)
     out, probs = torch.ops.kvpop.decode_attention(
