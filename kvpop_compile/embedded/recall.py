@@ -5,8 +5,9 @@ whose answer is only in the planted lines, far back:
 
 - ``lookup``: ``QZWKRT = 4821`` early; the prompt ends ``assert QZWKRT == `` → ``4821``;
 - ``multi_key``: eight such definitions, one of them asked for;
-- ``chain``: ``xkqpv = 4821`` … ``mtrwaz = xkqpv`` … ``print(mtrwaz)  # `` → ``4821``, next to a
-  second chain with another value, so the answer needs both hops;
+- ``chain``: ``xkqpv = 4821`` … ``mtrwaz = xkqpv`` … ``assert mtrwaz == `` → ``xkqpv == 4821``,
+  next to a second chain with another value: the answer writes out both hops, the name the
+  alias stands for and then that name's value, as a model reasoning step by step would;
 - ``call``: ``def hvqzrk():`` / ``return 4821`` early; the prompt ends ``assert hvqzrk() == ``.
 
 Names (six random letters) and values (four digits) are drawn from the item's own seed and occur
@@ -188,7 +189,7 @@ def _chain(rng: random.Random, length: int) -> _Plan:
         (0.5, 1.0, f"{other_alias} = {other}\n"),
     ]
     counts = {src: 2, alias: 2, other: 2, other_alias: 1, value: 1, other_value: 1}
-    return _Plan(planted, f"\nprint({alias})  # ", value, counts)
+    return _Plan(planted, f"\nassert {alias} == ", f"{src} == {value}", counts)
 
 
 def _call(rng: random.Random, length: int) -> _Plan:
