@@ -10,7 +10,7 @@ is the best a scorer trained against that score can hope for:
 - ``mean target``: the training target of the design, ``log max_g mean_{d >= t + W} p_{d->t}``;
 - ``max target``: the same with the max over later queries (``TrainSettings(target="max")``);
 - ``max target + lam t``: the max target with the policy's recency term (``RECENCY``);
-- ``definition``: the line that holds the answer (and the 16 bytes before it), in every head.
+- ``definition``: the lines the answer follows from (and the 16 bytes before each), in every head.
 
 Next to them: full attention and the ``window`` heuristic at the same budget. Exact-match
 answers under the prefill protocol; writes a markdown table to ``--out``.
@@ -45,7 +45,7 @@ from kvpop_compile.evaluation.recall import RECALL_SEED, greedy_answers  # noqa:
 RESULTS = Path(__file__).resolve().parent / "results" / "recall_oracles.md"
 TEXT_RESULTS = RESULTS.with_name("text_oracles.md")
 RECENCY = (0.0005, 0.001, 0.002)  # lam of the max target's recency variants (--text)
-LEAD = 16  # bytes before the definition's line that the definition oracle keeps too
+LEAD = 16  # bytes before each evidence line that the definition oracle keeps too
 
 
 def future_attention(model, ids: torch.Tensor, aggregate: str) -> list[torch.Tensor]:
@@ -72,12 +72,11 @@ def future_attention(model, ids: torch.Tensor, aggregate: str) -> list[torch.Ten
 
 
 def definition_scores(item: RecallItem, layers: int, kv_heads: int) -> list[torch.Tensor]:
-    """Per layer, ``(Hkv, N)``: 1 on the definition's line and the bytes just before it."""
-    at = item.prompt.find(item.answer)
-    start = max(0, item.prompt.rfind(b"\n", 0, at) + 1 - LEAD)
-    end = at + len(item.answer) + 1
+    """Per layer, ``(Hkv, N)``: 1 on the lines the answer follows from and the bytes just
+    before each."""
     score = torch.zeros(kv_heads, len(item.prompt) + len(item.answer))
-    score[:, start:end] = 1.0
+    for start, end in item.evidence:
+        score[:, max(0, start - LEAD) : end] = 1.0
     return [score] * layers
 
 

@@ -31,8 +31,9 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     # holds the whole prompt.
     sizes = example.cache_bytes
     assert sizes["full attention"] > 3 * sizes[labels[1]]
-    start, end = example.definition
-    assert example.item.answer in example.item.prompt[start:end]
+    evidence = [example.item.prompt[start:end] for start, end in example.item.evidence]
+    assert example.item.answer[-4:] in evidence[0]
+    assert f"the answer follows from {evidence[0].decode().strip()!r}" in "\n".join(result.report())
     report = "\n".join(result.report())
     assert "4 sinks + 64 window + 188 pool = 256 tokens" in report and "(75% compression)" in report
     for label in labels:

@@ -78,14 +78,15 @@ def test_prompt_and_answer_fill_the_context_exactly(items):
         for it in batch:
             assert it.task == task and it.context_length == n
             assert len(it.prompt) + len(it.answer) == n
-            assert re.fullmatch(rb"[1-9][0-9]{3}", it.answer)
+            value = rb"[1-9][0-9]{3}"
+            assert re.fullmatch(rb"[a-z]{6} == " + value if task == "chain" else value, it.answer)
 
 
 def test_questions_have_the_documented_form(items):
     forms = {
         "lookup": rb"\nassert [A-Z]{6} == ",
         "multi_key": rb"\nassert [A-Z]{6} == ",
-        "chain": rb"\nprint\([a-z]{6}\)  # ",
+        "chain": rb"\nassert [a-z]{6} == ",
         "call": rb"\nassert [a-z]{6}\(\) == ",
     }
     for (_, task, _), batch in items.items():
@@ -93,24 +94,28 @@ def test_questions_have_the_documented_form(items):
             assert re.search(forms[task] + rb"\Z", it.prompt), it.prompt[-40:]
 
 
-def _definition_end(prompt: bytes, answer: bytes) -> int:
-    """Index just past the line (or function body) that holds the answer."""
-    at = prompt.index(answer)
-    return prompt.index(b"\n", at) + 1
+def _value(it) -> bytes:
+    """The four digits the answer ends with."""
+    return it.answer[-4:]
 
 
-def test_answer_occurs_once_and_at_least_half_a_context_before_the_question(items):
-    for (_, _, n), batch in items.items():
+def test_evidence_is_the_planted_lines_and_ends_half_a_context_before_the_question(items):
+    for (_, task, n), batch in items.items():
         for it in batch:
-            assert it.prompt.count(it.answer) == 1
+            lines = [it.prompt[start:end] for start, end in it.evidence]
+            assert len(lines) == (2 if task == "chain" else 1)
+            assert all(line.endswith(b"\n") for line in lines)
+            assert all(s == 0 or it.prompt[s - 1 : s] == b"\n" for s, _ in it.evidence)
+            # The value occurs once, in the first evidence line (the source, for a chain).
+            assert it.prompt.count(_value(it)) == 1 and _value(it) in lines[0]
             question = it.prompt.rindex(b"\n")
-            assert question - _definition_end(it.prompt, it.answer) >= n // 2
+            assert question - it.evidence[-1][1] >= n // 2
 
 
 def test_the_asked_name_is_defined_once_and_asked_once(items):
     for (_, task, _), batch in items.items():
         for it in batch:
-            name = re.search(rb"([A-Za-z]{6})\(?\)?(?: == |\)  # )\Z", it.prompt).group(1)
+            name = re.search(rb"([A-Za-z]{6})\(?\)? == \Z", it.prompt).group(1)
             assert it.prompt.count(name) == 2  # definition (or alias) and question
             if task == "lookup":
                 assert it.prompt.count(name + b" = " + it.answer + b"\n") == 1
@@ -133,14 +138,17 @@ def test_multi_key_plants_distinct_definitions_one_asked(items):
 
 def test_chain_needs_both_hops(items):
     for it in items["train", "chain", 2048] + items["held_out", "chain", 1024]:
-        alias = re.search(rb"print\(([a-z]{6})\)", it.prompt).group(1)
+        alias = re.search(rb"assert ([a-z]{6}) == \Z", it.prompt).group(1)
         source = re.search(rb"^" + alias + rb" = ([a-z]{6})$", it.prompt, flags=re.M).group(1)
         value = re.search(rb"^" + source + rb" = ([0-9]{4})$", it.prompt, flags=re.M).group(1)
-        assert value == it.answer
-        assert it.prompt.index(source + b" = ") < it.prompt.index(alias + b" = ")
+        assert it.answer == source + b" == " + value
+        assert [it.prompt[a:b] for a, b in it.evidence] == [
+            source + b" = " + value + b"\n",
+            alias + b" = " + source + b"\n",
+        ]
         # A second chain with another value: the value line alone does not give the answer.
         others = re.findall(rb"^[a-z]{6} = ([0-9]{4})$", it.prompt, flags=re.M)
-        assert len(others) == 2 and others.count(it.answer) == 1
+        assert len(others) == 2 and others.count(value) == 1
 
 
 _PLANTED = re.compile(rb"^(?:[A-Za-z]{6} = \w+|def [a-z]{6}\(\):|    return [0-9]{4})\n", re.M)

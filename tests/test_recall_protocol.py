@@ -1,6 +1,7 @@
 """The recall protocol: exact match of greedy answers, both ways of asking, and its report."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -33,7 +34,7 @@ def model():
 
 
 def _with_answer(item: RecallItem, answer: bytes) -> RecallItem:
-    return RecallItem(item.prompt, answer, item.task, item.context_length)
+    return dataclasses.replace(item, answer=answer)
 
 
 def test_exact_match_is_every_answer_byte(model):

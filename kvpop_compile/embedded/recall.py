@@ -56,6 +56,9 @@ class RecallItem:
     answer: bytes
     task: str
     context_length: int
+    evidence: tuple[tuple[int, int], ...]
+    """Byte spans ``[start, end)`` of the prompt's planted lines the answer follows from, in
+    prompt order: the asked definition, or for ``chain`` the source and the alias line."""
 
 
 @functools.lru_cache(maxsize=len(SPLITS))
@@ -94,13 +97,15 @@ def make_item(split: str, task: str, context_length: int, seed: int, index: int)
 
 @dataclass(frozen=True)
 class _Plan:
-    """What a task plants: (low, high, line) entries, the question, its answer, and how many
-    times each name and value must occur in the prompt."""
+    """What a task plants: (low, high, line) entries, the question, its answer, how many
+    times each name and value must occur in the prompt, and which planted entries (indices)
+    the answer follows from."""
 
     planted: list[tuple[float, float, str]]
     question: str
     answer: str
     counts: dict[str, int]
+    evidence: tuple[int, ...]
 
 
 def _check_split(split: str) -> None:
@@ -151,21 +156,25 @@ def _assemble(
         points.append(code.rfind(b"\n", 0, p) + 1)  # back to a line start: still within reach
     # Sorting is stable, so lines drawn to the same point keep their order (source before alias).
     order = sorted(range(len(lines)), key=lambda i: points[i])
-    body, at = [], 0
+    body, at, spans = [], 0, {}
     for i in order:
-        body += [code[at : points[i]], lines[i]]
+        body.append(code[at : points[i]])
+        start = sum(len(part) for part in body)
+        spans[i] = (start, start + len(lines[i]))
+        body.append(lines[i])
         at = points[i]
     body.append(code[at:])
     prompt = b"".join(body) + tail
     if any(prompt.count(word.encode()) != n for word, n in plan.counts.items()):
         return None
-    return RecallItem(prompt, answer, task, context_length)
+    evidence = tuple(sorted(spans[i] for i in plan.evidence))
+    return RecallItem(prompt, answer, task, context_length, evidence)
 
 
 def _lookup(rng: random.Random, length: int) -> _Plan:
     (name,), (value,) = _names(rng, 1, upper=True), _values(rng, 1)
     planted = [(0.0, 1.0, f"{name} = {value}\n")]
-    return _Plan(planted, f"\nassert {name} == ", value, {name: 2, value: 1})
+    return _Plan(planted, f"\nassert {name} == ", value, {name: 2, value: 1}, (0,))
 
 
 def _multi_key(rng: random.Random, length: int) -> _Plan:
@@ -174,7 +183,7 @@ def _multi_key(rng: random.Random, length: int) -> _Plan:
     planted = [(0.0, 1.0, f"{n} = {v}\n") for n, v in zip(names, values, strict=True)]
     asked = rng.randrange(keys)
     counts = {n: 1 for n in names} | {v: 1 for v in values} | {names[asked]: 2}
-    return _Plan(planted, f"\nassert {names[asked]} == ", values[asked], counts)
+    return _Plan(planted, f"\nassert {names[asked]} == ", values[asked], counts, (asked,))
 
 
 def _chain(rng: random.Random, length: int) -> _Plan:
@@ -189,13 +198,13 @@ def _chain(rng: random.Random, length: int) -> _Plan:
         (0.5, 1.0, f"{other_alias} = {other}\n"),
     ]
     counts = {src: 2, alias: 2, other: 2, other_alias: 1, value: 1, other_value: 1}
-    return _Plan(planted, f"\nassert {alias} == ", f"{src} == {value}", counts)
+    return _Plan(planted, f"\nassert {alias} == ", f"{src} == {value}", counts, (0, 2))
 
 
 def _call(rng: random.Random, length: int) -> _Plan:
     (name,), (value,) = _names(rng, 1, upper=False), _values(rng, 1)
     planted = [(0.0, 1.0, f"def {name}():\n    return {value}\n")]
-    return _Plan(planted, f"\nassert {name}() == ", value, {name: 2, value: 1})
+    return _Plan(planted, f"\nassert {name}() == ", value, {name: 2, value: 1}, (0,))
 
 
 _PLANS = {"lookup": _lookup, "multi_key": _multi_key, "chain": _chain, "call": _call}

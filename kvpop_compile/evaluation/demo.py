@@ -1,14 +1,14 @@
 """``kvpop-compile demo``: a long-range recall question that eviction decides.
 
 The embedded model (shipped with the package, or a byte-level Qwen3 given with ``--model``)
-answers held-out recall items (:mod:`kvpop_compile.embedded.recall`): a definition planted
-early in real code, and a question about it at the end of the context. Three caches answer the
+answers held-out recall items (:mod:`kvpop_compile.embedded.recall`): definitions planted
+early in real code, and a question about them at the end of the context. Three caches answer the
 same items: full attention, KVpop with its trained ``memory`` scorer (or ``--scorer``), and a
 heuristic baseline (``--policy``, StreamingLLM's ``window`` by default) at the same budget.
 The report prints each one's exact-match accuracy over the items (measured here, on every item
 of the run), then one item side by side — the first on which full attention and KVpop answer
 right and the baseline does not — with the cache bytes, and a PNG of which positions each
-bounded cache holds when the question is answered, the definition marked.
+bounded cache holds when the question is answered, the lines the answer follows from marked.
 """
 
 from __future__ import annotations
@@ -55,15 +55,6 @@ class Example:
     caches: dict[str, object]  # label -> the cache itself (bounded ones are drawn)
     chosen_because: str
 
-    @property
-    def definition(self) -> tuple[int, int]:
-        """Byte span ``[start, end)`` of the planted line that holds the answer (the answer's
-        value occurs nowhere else in the item)."""
-        at = self.item.prompt.find(self.item.answer)
-        start = self.item.prompt.rfind(b"\n", 0, at) + 1
-        end = self.item.prompt.find(b"\n", at)
-        return start, end if end >= 0 else len(self.item.prompt)
-
 
 @dataclass
 class DemoResult:
@@ -96,20 +87,23 @@ class DemoResult:
             cells = "".join(f"{'{}/{}'.format(*self.accuracy(c.label, t)):>11}" for t in TASKS)
             right, total = self.accuracy(c.label)
             lines.append(f"{c.label:<34}{cells}{right:>7}/{total} {right / total:>4.0%}")
-        e, (start, end) = self.example, self.example.definition
-        definition = e.item.prompt[start:end].decode("utf-8", "replace").strip()
+        e = self.example
+        evidence = " and ".join(
+            f"{e.item.prompt[start:end].decode('utf-8', 'replace').strip()!r} at byte {start}"
+            for start, end in e.item.evidence
+        )
         question = e.item.prompt[e.item.prompt.rfind(b"\n") + 1 :].decode("utf-8", "replace")
         lines += [
             "",
-            f"Item {e.index} ({e.item.task}; {e.chosen_because}): the line {definition!r} at "
-            f"byte {start}, the question at byte {len(e.item.prompt) - len(question)}:",
+            f"Item {e.index} ({e.item.task}; {e.chosen_because}): the answer follows from "
+            f"{evidence}, the question at byte {len(e.item.prompt) - len(question)}:",
             f"  ...{question!r} -> expected {e.item.answer.decode()!r}",
         ]
         for c in self.contenders:
             answer = e.answers[c.label]
             verdict = "right" if answer == e.item.answer else "wrong"
             lines.append(
-                f"  {c.label:<32} {answer.decode('utf-8', 'replace')!r:>8} {verdict:<6}"
+                f"  {c.label:<32} {answer.decode('utf-8', 'replace')!r:>17} {verdict:<6}"
                 f" cache {e.cache_bytes[c.label]:>11,d} B"
             )
         if self.image is not None:

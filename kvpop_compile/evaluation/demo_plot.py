@@ -1,10 +1,10 @@
 """The demo's picture: which positions of the recall item each bounded cache holds when the
-question is answered, per layer, with the planted definition marked.
+question is answered, per layer, with the planted lines the answer follows from marked.
 
 One strip per (cache, layer), one pixel column per position of the prompt. A position is
 coloured by what holds it — sink, window or pool — with the colour's strength the share of the
-layer's KV heads that hold it; evicted positions stay blank. A red band marks the line that
-holds the answer: a cache that lost it cannot answer from it.
+layer's KV heads that hold it; evicted positions stay blank. Red bands mark the lines the answer
+follows from (``RecallItem.evidence``): a cache that lost one cannot answer from them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ import torch
 from ..atomic import atomic_write
 
 KINDS = (("sink", (0.55, 0.25, 0.75)), ("window", (0.2, 0.65, 0.3)), ("pool", (0.95, 0.55, 0.1)))
-DEFINITION_COLOUR = (0.85, 0.1, 0.1)
+EVIDENCE_COLOUR = (0.85, 0.1, 0.1)
+
+
+def heads_holding_evidence(positions: torch.Tensor, evidence) -> torch.Tensor:
+    """``(H,)`` bool: which heads hold some position of every evidence span.
+
+    ``positions (H, C)`` are one layer's cached positions; ``evidence`` is the item's
+    ``[start, end)`` byte spans (``RecallItem.evidence``)."""
+    held = [((positions >= start) & (positions < end)).any(dim=-1) for start, end in evidence]
+    return torch.stack(held).all(dim=0)
 
 
 def held_by_kind(positions: torch.Tensor, seen: int, sinks: int, window: int) -> torch.Tensor:
@@ -51,7 +60,6 @@ def plot_kept_positions(result, path: Path) -> Path:
     example = result.example
     bounded = [c for c in result.contenders if c.config is not None]
     layers = len(example.caches[bounded[0].label].layers)
-    start, end = example.definition
     fig, axes = plt.subplots(len(bounded) * layers, 1, squeeze=False,
                              figsize=(12, 0.55 * len(bounded) * layers + 1.4))  # fmt: skip
     for c_index, contender in enumerate(bounded):
@@ -64,11 +72,12 @@ def plot_kept_positions(result, path: Path) -> Path:
             seen = int(state.seen[0])
             share = held_by_kind(positions, seen, config.sinks, config.window)
             ax.imshow(_strip(share).numpy(), aspect="auto", interpolation="nearest")
-            ax.axvspan(start - 0.5, end - 0.5, color=DEFINITION_COLOUR, alpha=0.25, lw=0)
-            held = int(((positions >= start) & (positions < end)).any(dim=-1).sum())
+            for start, end in example.item.evidence:
+                ax.axvspan(start - 0.5, end - 0.5, color=EVIDENCE_COLOUR, alpha=0.25, lw=0)
+            held = int(heads_holding_evidence(positions, example.item.evidence).sum())
             ax.set_yticks([])
             ax.set_ylabel(f"layer {layer}", rotation=0, ha="right", va="center", fontsize=8)
-            ax.text(1.005, 0.5, f"definition held by {held}/{positions.shape[0]} KV heads",
+            ax.text(1.005, 0.5, f"evidence held by {held}/{positions.shape[0]} KV heads",
                     transform=ax.transAxes, va="center", fontsize=7)  # fmt: skip
             if layer == 0:
                 ax.set_title(f"{contender.label}: answers {answer.decode('utf-8', 'replace')!r}"
@@ -77,8 +86,8 @@ def plot_kept_positions(result, path: Path) -> Path:
                 ax.set_xticks([])
     axes[-1, 0].set_xlabel("position in the prompt (bytes)")
     handles = [plt.matplotlib.patches.Patch(color=colour, label=name) for name, colour in KINDS]
-    handles.append(plt.matplotlib.patches.Patch(color=DEFINITION_COLOUR, alpha=0.25,
-                                                label="the line with the answer"))  # fmt: skip
+    evidence = "the lines the answer follows from"
+    handles.append(plt.matplotlib.patches.Patch(color=EVIDENCE_COLOUR, alpha=0.25, label=evidence))
     fig.legend(handles=handles, loc="upper right", ncol=4, fontsize=8)
     fig.suptitle(
         f"Recall item {example.index} ({example.item.task}), expected "
