@@ -147,6 +147,10 @@ and idioms seen earlier in the file): the part a bounded cache can lose.
 {recall}"""
 
 
+VALUE_ONLY_CHAIN_RUNS = (3, 4)
+"""Runs (1-based) trained while ``chain`` items were answered by the value alone."""
+
+
 def recall_section(recall: dict, runs: list[dict]) -> str:
     """The card's account of the recall items trained on and the held-out exact match."""
     trained = [r for r in runs if r.get("recall_items")]
@@ -171,6 +175,15 @@ weight.
 Training items come from the training files with the run's seed; the items below come from the
 held-out files, and the split's name is part of every item's seed, so no training item can
 equal a held-out one."""
+        early = [n for n in VALUE_ONLY_CHAIN_RUNS if n <= len(runs)]
+        if early:
+            how += f"""
+
+Runs {" and ".join(map(str, early))} asked chain items for the value alone (`print(b)  # ` →
+`4821`). The model answered about half of them at 2048 bytes: the decoy chain's value as often
+as the asked one, which a 4-layer model reading both hops in one forward pass did not get past.
+Later runs and the benchmark ask for the hop written out (`assert b == ` → `a == 4821`), so
+that each step of the answer is a lookup of one name."""
         copied = [r for r in runs if r.get("steps_copy")]
         if copied:
             steps = ", ".join(f"run {runs.index(r) + 1}: {r['steps_copy']}" for r in copied)
@@ -187,11 +200,12 @@ without this; on copy rows alone copying appears after about 250 steps."""
 
 `kvpop_compile.embedded.recall` plants lines in real standard-library code and asks for them at
 the end: `lookup` (`QZWKRT = 4821` early, the prompt ends `assert QZWKRT == `), `multi_key`
-(eight such definitions, one asked for), `chain` (`a = 4821` … `b = a` … `print(b)  # `, next
-to a second chain with another value), `call` (`def f():` / `return 4821` early, the prompt
-ends `assert f() == `). Names are six random letters and values four random digits, drawn from
-the item's seed and found nowhere else in the item; the line that holds the answer ends at least
-half the context before the question.
+(eight such definitions, one asked for), `chain` (`a = 4821` … `b = a` … the prompt ends
+`assert b == `, the answer `a == 4821`: both hops written out, next to a second chain with
+another value), `call` (`def f():` / `return 4821` early, the prompt ends `assert f() == `).
+Names are six random letters and values four random digits, drawn from the item's seed and found
+nowhere else in the item; the lines the answer follows from end at least half the context before
+the question.
 
 {how}
 
