@@ -68,6 +68,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--loss", default="boundary", choices=["boundary", "gap"],
         help="boundary: every decision counts once; gap: each weighted by its gap under the target",
     )  # fmt: skip
+    p.add_argument(
+        "--priority-span", type=int, default=0,
+        help="KVpopConfig.priority_span the scorers are trained and saved with (the span "
+        "kvpop-compile eval and demo then use)",
+    )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
@@ -136,7 +141,7 @@ def main(argv=None) -> None:
     eval_fraction = args.eval_sequences / total
     for policy in args.policies:
         for capacity in args.capacities:
-            config = budget_config(policy, capacity)
+            config = budget_config(policy, capacity, args.priority_span)
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{capacity}"
             print(f"{policy} at capacity {capacity}: {config}", flush=True)
@@ -163,6 +168,7 @@ def main(argv=None) -> None:
                 "target": args.target,
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,
+                "priority_span": args.priority_span,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
                 "held_out_ranking": report.evaluations,
                 "minutes_this_run": round(minutes, 2),

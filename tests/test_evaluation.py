@@ -91,6 +91,19 @@ def test_methods_and_budgets_are_checked():
         budget_config("window", 68)
 
 
+def test_a_learned_method_takes_the_span_its_scorer_was_saved_with(tmp_path):
+    spread = kc.transform(tiny_qwen3(), budget_config("memory", 256, priority_span=5))
+    kc.save_scorer(spread, tmp_path / "memory-256")
+    saved = methods(("memory", "mlp", "random"), ("88%",), priority_span=None, scorer_root=tmp_path)
+    # memory-256 says 5; mlp-256 is missing (refused by name when the run checks its scorers);
+    # a heuristic never spreads.
+    assert [(m.name, m.priority_span) for m in saved[1:]] == [
+        ("memory @ 88%", 5), ("mlp @ 88%", 0), ("random @ 88%", 0),
+    ]  # fmt: skip
+    asked = methods(("memory",), ("88%",), priority_span=2, scorer_root=tmp_path)
+    assert asked[1].priority_span == 2  # a span given outright wins
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """Two sequences, `memory` (the shipped scorer) and `window` at 88%, all protocols."""

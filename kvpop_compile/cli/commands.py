@@ -60,7 +60,8 @@ def eval_command(args: argparse.Namespace) -> int:
         scorers=args.model is None or args.scorers is not None,
     )
     if not args.recall:  # the recall items have lengths of their own
-        methods(policies, args.budgets, args.length, args.priority_span)  # before the model loads
+        # before the model loads
+        methods(policies, args.budgets, args.length, args.priority_span, args.scorers)
     if args.model is None:
         from ..embedded import load_embedded_model
 
@@ -133,7 +134,7 @@ def _eval_own_data(
         items = answer_items(args.data, tokenizer, model.config.max_position_embeddings)
         result = evaluate_answers(
             model, out, items, methods=methods(policies, args.budgets, args.length,
-                                               args.priority_span),
+                                               args.priority_span, args.scorers),
             batch=args.batch, scorer_root=args.scorers, model_name=name,
             data=f"`{args.data}`", tokenizer=None if tokenizer.byte_tokens else tokenizer.name,
             notes=notes,
@@ -160,7 +161,9 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
         protocols=args.recall_protocols,
     )  # fmt: skip
     result = evaluate_recall(
-        model, out, methods=methods(policies, args.budgets, priority_span=args.priority_span),
+        model, out,
+        methods=methods(policies, args.budgets, priority_span=args.priority_span,
+                        scorer_root=args.scorers),
         settings=settings,
         scorer_root=args.scorers, model_name=name, resume=args.resume,
     )  # fmt: skip

@@ -118,9 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     evaluator.add_argument("--scorers", help="trained scorers, <policy>-<capacity>/ folders")
     evaluator.add_argument(
-        "--priority-span", type=integer(0), default=0,
+        "--priority-span", type=integer(0), default=None,
         help="spread each learned score over the P tokens that leave the window after it "
-        "(default 0: off; the heuristics run as published)",
+        "(default: the span each trained scorer was saved with; the heuristics run as "
+        "published)",
     )  # fmt: skip
     evaluator.add_argument("--out", default="benchmarks/results", help="results folder")
     evaluator.add_argument("--threads", type=integer(1), help="torch threads (default: torch's)")

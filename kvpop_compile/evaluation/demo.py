@@ -79,7 +79,13 @@ class DemoResult:
             "never trained on. Bounded caches keep "
             f"{bounded.sinks} sinks + {bounded.window} window + {bounded.topk} pool = "
             f"{bounded.capacity} tokens per layer and KV head ({1 - bounded.capacity / context:.0%}"
-            " compression).",
+            " compression)."
+            + (
+                f" KVpop spreads each score over the {bounded.priority_span} tokens that leave the "
+                "window after it (priority_span)."
+                if bounded.priority_span
+                else ""
+            ),
             "",
             f"{'exact answers':<34}" + "".join(f"{t:>11}" for t in TASKS) + f"{'all':>14}",
         ]
@@ -144,7 +150,8 @@ def prepare(
             "the shipped scorers were trained for the embedded model; with --model pass "
             "--scorer PATH (trained with `kvpop-compile train`)"
         )
-    baseline = dataclasses.replace(config, scorer=policy)
+    # The heuristic runs as published: no score spread, whatever the scorer was saved with.
+    baseline = dataclasses.replace(config, scorer=policy, priority_span=0)
     if baseline.scorer.learned:
         raise ValueError(
             f"--policy {policy} is learned; the baseline is a heuristic: window, random, knorm, "

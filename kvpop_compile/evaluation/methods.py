@@ -16,7 +16,7 @@ from pathlib import Path
 from torch import nn
 
 from ..config import KVpopConfig, ScorerKind, require_int
-from ..scorer_io import load_scorer
+from ..scorer_io import load_scorer, saved_config
 from ..transform import transform
 from .data import SEQUENCE_LENGTH
 
@@ -102,11 +102,14 @@ def methods(
     policies=POLICIES,
     budgets=tuple(BUDGETS),
     length: int = SEQUENCE_LENGTH,
-    priority_span: int = 0,
+    priority_span: int | None = 0,
+    scorer_root: str | Path | None = None,
 ) -> list[Method]:
     """Full attention, then every policy at every budget of ``length``-token sequences, the
     learned ones spreading their scores over ``priority_span`` tokens (the heuristics run as
-    published, so that they stay the baselines they are named after).
+    published, so that they stay the baselines they are named after). ``priority_span`` None:
+    each learned method takes the span its trained scorer under ``scorer_root`` was saved with
+    (default root: the scorers shipped with the embedded model).
 
     Unknown names raise ``ValueError``, and so does a ``length`` that leaves a budget no pool
     slot beyond the sinks and window.
@@ -126,14 +129,26 @@ def methods(
                 f"but a budget must exceed sinks + window = {SINKS + WINDOW}; use a length of "
                 f"at least {shortest}"
             )
-    require_int("priority_span", priority_span, 0)
+    if priority_span is not None:
+        require_int("priority_span", priority_span, 0)
 
-    def span(policy: str) -> int:
-        return priority_span if ScorerKind(policy).learned else 0
+    def span(policy: str, budget: str) -> int:
+        if not ScorerKind(policy).learned:
+            return 0
+        if priority_span is not None:
+            return priority_span
+        return saved_span(scorer_folder(policy, kept[budget], scorer_root))
 
     return [Method(None, None, length)] + [
-        Method(p, b, length, span(p)) for b in budgets for p in policies
+        Method(p, b, length, span(p, b)) for b in budgets for p in policies
     ]
+
+
+def saved_span(folder: Path) -> int:
+    """The ``priority_span`` the scorer in ``folder`` was saved with; 0 where there is no
+    scorer (a learned method without one is refused by name before anything runs:
+    :func:`check_scorers`)."""
+    return saved_config(folder).priority_span if folder.is_dir() else 0
 
 
 def span_notes(records: dict) -> list[str]:

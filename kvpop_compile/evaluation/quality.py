@@ -110,18 +110,20 @@ def evaluate_sequences(
     about: dict | None = None,
     plots: bool = True,
     progress: bool = True,
-    priority_span: int = 0,
+    priority_span: int | None = None,
 ) -> dict:
     """:func:`evaluate` on the sequences ``data`` (each of ``length + 1`` tokens; budgets
     scale with ``length``). ``about`` describes data other than the held-out files, for the
     report: ``data`` (what was read), ``tokenizer`` (the tokenizer that made the ids, None for
     UTF-8 bytes) and ``run_notes`` (a list of lines). ``priority_span`` spreads the scores of
-    the policies that fix them when a token leaves the window (``KVpopConfig.priority_span``)."""
+    the policies that fix them when a token leaves the window (``KVpopConfig.priority_span``;
+    None: the span each trained scorer was saved with)."""
     if not data:
         raise ValueError("no sequences to evaluate")
     length = data[0].ids.numel() - 1
     results = run_eval(
-        original, data, methods(policies, budgets, length, priority_span), settings=settings,
+        original, data, methods(policies, budgets, length, priority_span, scorer_root),
+        settings=settings,
         scorer_root=scorer_root, progress=progress,
     )  # fmt: skip
     results["model"] = model_name
