@@ -152,6 +152,12 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def tensors_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a saved scorer folder's tensors file, as its ``scorer.json`` records it:
+    what tells one trained scorer from another."""
+    return _read_description(_folder(path))["tensors_sha256"]
+
+
 def saved_config(path: str | os.PathLike) -> KVpopConfig:
     """The :class:`KVpopConfig` a scorer folder was saved with (transform with it, then
     :func:`load_scorer`)."""

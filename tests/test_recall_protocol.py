@@ -11,12 +11,20 @@ from kvpop_compile import transform
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.embedded.recall import RecallItem, recall_items
-from kvpop_compile.evaluation.methods import Method, budget_config, methods, span_notes
+from kvpop_compile.evaluation.fingerprints import items_sha256
+from kvpop_compile.evaluation.methods import (
+    Method,
+    budget_config,
+    methods,
+    scorer_folder,
+    span_notes,
+)
 from kvpop_compile.evaluation.protocols import greedy_continuation
 from kvpop_compile.evaluation.recall import (
     RecallSettings,
     answer_exactly,
     decode_stretch,
+    recall_settings_record,
     run_recall,
 )
 from kvpop_compile.evaluation.recall_report import (
@@ -26,6 +34,7 @@ from kvpop_compile.evaluation.recall_report import (
     resumable_methods,
     summarize_recall,
 )
+from kvpop_compile.scorer_io import tensors_sha256
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +125,18 @@ def test_a_cut_off_run_resumes_where_it_stopped(model, tmp_path):
     assert results["methods"]["window @ 88%"]["prefill"]["lookup@1024"] == [1.0, 0.5]
     assert results["methods"]["full"] == saved["methods"]["full"]
     assert json.loads((tmp_path / "recall.json").read_text())["methods"] == results["methods"]
+    assert results["methods"]["memory @ 88%"]["scorer_sha256"] == tensors_sha256(
+        scorer_folder("memory", 256)
+    )
+    # The same name with other weights (a retrained model) does not resume: its rows would
+    # mix two models.
+    retrained = copy.deepcopy(model)
+    with torch.no_grad():
+        retrained.lm_head.weight.mul_(1.01)
+    with pytest.raises(ValueError, match="cannot resume: the saved recall.json was run with "
+                       "model_sha256"):  # fmt: skip
+        evaluate_recall(retrained, tmp_path, methods=[full], settings=settings, progress=False,
+                        resume=True)  # fmt: skip
     # Without resume the run starts over.
     fresh = evaluate_recall(model, tmp_path, methods=[full, window], settings=settings,
                             progress=False)  # fmt: skip
@@ -141,6 +162,20 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
                        "priority_span 3, this run asks 0"):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
+    # A row measured with another trained scorer is not this run's either.
+    saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "scorer_sha256": "0" * 64}
+    with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
+                       f"scorer_sha256 {'0' * 64}"):  # fmt: skip
+        run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
+
+
+def test_the_settings_record_fingerprints_the_items_asked():
+    settings = RecallSettings(tasks=("chain",), lengths=(1024,), items=2)
+    record = recall_settings_record(settings, 2048)
+    digest = items_sha256(recall_items("held_out", "chain", 1024, 2, settings.seed))
+    assert record["items_sha256"] == digest
+    other = recall_settings_record(dataclasses.replace(settings, seed=7), 2048)
+    assert other["items_sha256"] != digest
 
 
 def test_resume_refuses_a_run_with_other_settings():

@@ -28,9 +28,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..config import ScorerKind
 from ..embedded.corpus import encode
 from ..embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
-from .methods import FULL, POLICIES, Method, build_model
+from ..scorer_io import tensors_sha256
+from .fingerprints import items_sha256
+from .methods import FULL, POLICIES, Method, build_model, trained_scorer
 from .methods import methods as all_methods
 from .protocols import model_cache
 
@@ -116,9 +119,21 @@ def answer_exactly(
     return (tokens == answers).all(dim=1).double().tolist()
 
 
+def recall_groups(settings: RecallSettings) -> dict[tuple[str, int], list[RecallItem]]:
+    """(task, length) -> the held-out items a run with ``settings`` asks."""
+    return {
+        (task, length): recall_items("held_out", task, length, settings.items, settings.seed)
+        for task in settings.tasks
+        for length in settings.lengths
+    }
+
+
 def recall_settings_record(settings: RecallSettings, max_positions: int) -> dict:
-    """What a run's results depend on besides its methods (JSON-ready): two runs whose records
-    are equal asked the same items the same way, so their methods can share one report."""
+    """What a run's results depend on besides its methods and model (JSON-ready): two runs
+    whose records are equal asked the same items the same way, so their methods can share one
+    report. ``items_sha256`` fingerprints the items themselves, which change with their
+    generator whatever the settings."""
+    groups = recall_groups(settings)
     return {
         "items": settings.items,
         "tasks": list(settings.tasks),
@@ -128,6 +143,7 @@ def recall_settings_record(settings: RecallSettings, max_positions: int) -> dict
             str(n): decode_stretch(n, max_positions, settings.max_stretch) for n in settings.lengths
         },
         "seed": settings.seed,
+        "items_sha256": items_sha256(item for group in groups.values() for item in group),
     }
 
 
@@ -173,7 +189,9 @@ def run_recall(
         )
     for method in methods:  # a saved row is kept only if it describes this very method
         if method.name in results:
-            differs = method.differs_from(results[method.name])
+            differs = method.differs_from(results[method.name]) or _scorer_differs(
+                method, results[method.name], scorer_root
+            )
             if differs:
                 key, theirs, ours = differs
                 raise ValueError(
@@ -181,11 +199,7 @@ def run_recall(
                     f"{ours}; give the saved run's settings, or another --out"
                 )
     to_run = [m for m in methods if m.name not in results]
-    groups = {
-        (task, length): recall_items("held_out", task, length, settings.items, settings.seed)
-        for task in settings.tasks
-        for length in settings.lengths
-    }
+    groups = recall_groups(settings)
     work = len(to_run) * len(groups) * len(settings.protocols)
     bar = tqdm(total=work, disable=not progress, desc="recall", unit="group")
 
@@ -196,7 +210,7 @@ def run_recall(
     for method in to_run:
         bar.set_postfix_str(method.name)
         model = build_model(original, method, scorer_root)
-        record = method.record()
+        record = {**method.record(), **_scorer_record(method, scorer_root)}
         for protocol in settings.protocols:
             per_group = {}
             for (task, length), items in groups.items():
@@ -218,3 +232,19 @@ def run_recall(
             on_method(snapshot())
     bar.close()
     return snapshot()
+
+
+def _scorer_record(method: Method, scorer_root) -> dict:
+    """``{"scorer_sha256": ...}``, the trained scorer's tensors digest, for a learned method;
+    empty for full attention and the heuristics."""
+    if method.policy is None or not ScorerKind(method.policy).learned:
+        return {}
+    return {"scorer_sha256": tensors_sha256(trained_scorer(method, scorer_root))}
+
+
+def _scorer_differs(method: Method, saved: dict, scorer_root) -> tuple[str, object, object] | None:
+    """``("scorer_sha256", saved, ours)`` when ``saved`` (a results row of ``method``) was
+    measured with another trained scorer than the one this run would load; else None."""
+    ours = _scorer_record(method, scorer_root).get("scorer_sha256")
+    theirs = saved.get("scorer_sha256")
+    return None if ours == theirs else ("scorer_sha256", theirs, ours)

@@ -180,7 +180,8 @@ def write_recall_report(results: dict, out_dir) -> dict:
 
 def resumable_methods(saved: dict, expected: dict) -> dict:
     """The methods of ``saved`` (a ``recall.json``) when it was run with the settings in
-    ``expected`` (:func:`~.recall.recall_settings_record` plus ``model``); ``ValueError``
+    ``expected`` (:func:`~.recall.recall_settings_record` plus ``model`` and
+    ``model_sha256``, the fingerprint of its weights); ``ValueError``
     naming the first setting that differs otherwise, since its items would not be this run's."""
     from .recall import RECALL_SEED
 
@@ -213,13 +214,15 @@ def evaluate_recall(
     ``out_dir`` are kept and not rerun when it was run with the same settings and model
     (:func:`resumable_methods`); the report then has its methods and this run's.
     """
+    from .fingerprints import weights_sha256
     from .recall import RecallSettings, recall_settings_record, run_recall
 
     out = Path(out_dir)
     settings = settings or RecallSettings()
+    model = {"model": model_name, "model_sha256": weights_sha256(original)}
     expected = {
         **recall_settings_record(settings, original.config.max_position_embeddings),
-        "model": model_name,
+        **model,
     }
     saved = out / "recall.json"
     done = resumable_methods(json.loads(saved.read_text()), expected) if (
@@ -228,12 +231,12 @@ def evaluate_recall(
 
     def save(partial: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({**partial, "model": model_name}, indent=1) + "\n"
+        text = json.dumps({**partial, **model}, indent=1) + "\n"
         atomic_write(saved, lambda p: Path(p).write_text(text))
 
     results = run_recall(
         original, methods, settings=settings, scorer_root=scorer_root, progress=progress,
         done=done, on_method=save,
     )  # fmt: skip
-    results["model"] = model_name
+    results.update(model)
     return write_recall_report(results, out)
