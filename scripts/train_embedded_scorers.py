@@ -11,6 +11,11 @@ benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% co
 ``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
 copied there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
 
+``--train-capacity C`` trains every scorer at capacity ``C`` (the pool boundary its loss
+ranks tokens at) and saves it for each of ``--capacities``: a scorer's priorities do not
+depend on the pool's size, and one trained at the tighter budget ranks the few tokens a later
+question needs more sharply, which a larger pool then also holds.
+
 ``--recall-fraction`` makes that share of the sequences long-range recall items of the training
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
 at the end attends to a definition far back, which is what a scorer must learn to keep. Every
@@ -43,6 +48,7 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
+from kvpop_compile.scorer_io import saved_config  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--priority-span", type=int, default=0,
         help="KVpopConfig.priority_span the scorers are trained and saved with (the span "
         "kvpop-compile eval and demo then use)",
+    )  # fmt: skip
+    p.add_argument(
+        "--train-capacity", type=int, default=None,
+        help="train at this capacity and save for each of --capacities (default: each its own)",
     )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -120,12 +130,17 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
     return texts
 
 
-def install(scorer: Path, target: Path, record: dict) -> None:
-    """Copy the finished scorer folder to ``target`` with ``training.json``, atomically."""
+def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
+    """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
+    ``config`` (``model`` transformed with it carries the weights when the scorer was trained
+    at another capacity)."""
 
     def write(folder: Path) -> None:
-        for f in scorer.iterdir():
-            shutil.copy2(f, folder / f.name)
+        if saved_config(scorer) == config:
+            for f in scorer.iterdir():
+                shutil.copy2(f, folder / f.name)
+        else:
+            kc.save_scorer(kc.load_scorer(kc.transform(model, config), scorer), folder)
         (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
     replace_folder(target, write)
@@ -142,21 +157,24 @@ def main(argv=None) -> None:
     for policy in args.policies:
         for capacity in args.capacities:
             config = budget_config(policy, capacity, args.priority_span)
+            trained_at = args.train_capacity or capacity
+            train_config = budget_config(policy, trained_at, args.priority_span)
             model = load_embedded_model(path=args.model)
-            work = args.work / f"{policy}-{capacity}"
-            print(f"{policy} at capacity {capacity}: {config}", flush=True)
+            work = args.work / f"{policy}-{trained_at}"
+            print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
             start = time.perf_counter()
             settings = kc.TrainSettings(
                 steps=args.steps, seq_len=SEQUENCE_LENGTH, batch_size=args.batch_size, lr=args.lr,
                 target=args.target, loss=args.loss, eval_fraction=eval_fraction,
                 eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
             )  # fmt: skip
-            report = kc.train_scorer(model, texts, config, settings, output_dir=work)
+            report = kc.train_scorer(model, texts, train_config, settings, output_dir=work)
             minutes = (time.perf_counter() - start) / 60
             record = {
                 "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),
                 "policy": policy,
                 "capacity": capacity,
+                "trained_at_capacity": trained_at,
                 "sinks": config.sinks,
                 "window": config.window,
                 "topk": config.topk,
@@ -174,7 +192,8 @@ def main(argv=None) -> None:
                 "minutes_this_run": round(minutes, 2),
                 "torch": torch.__version__,
             }
-            install(report.scorer_path, scorer_folder(policy, capacity, args.out), record)
+            install(report.scorer_path, scorer_folder(policy, capacity, args.out), record,
+                    load_embedded_model(path=args.model), config)  # fmt: skip
             last = report.evaluations[-1] if report.evaluations else {}
             print(
                 f"{policy}-{capacity}: held-out ranking accuracy {last.get('accuracy', 0):.3f} "

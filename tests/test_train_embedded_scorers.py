@@ -1,0 +1,42 @@
+"""``scripts/train_embedded_scorers.py``: a scorer trained at one capacity, saved for another."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+import kvpop_compile as kc
+from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.evaluation.methods import budget_config
+from kvpop_compile.scorer_io import read_tensors, saved_config
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_scorers.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("train_embedded_scorers", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_scorer_trained_at_256_is_saved_for_512_with_the_same_weights(tmp_path):
+    torch.manual_seed(0)
+    common = ["--policies", "mlp", "--steps", "1", "--batch-size", "1", "--eval-sequences", "1",
+              "--eval-every", "1", "--priority-span", "3",
+              "--work", str(tmp_path / "work")]  # fmt: skip
+    _script().main([*common, "--capacities", "512", "--train-capacity", "256",
+                    "--out", str(tmp_path / "out")])  # fmt: skip
+    folder = tmp_path / "out" / "mlp-512"
+    # Saved for the capacity it serves: eval and demo transform with this config.
+    assert saved_config(folder) == budget_config("mlp", 512, priority_span=3)
+    record = json.loads((folder / "training.json").read_text())
+    assert (record["capacity"], record["trained_at_capacity"], record["topk"]) == (512, 256, 444)
+    # The weights are the ones trained at 256 (the work folder's scorer), and they load.
+    trained = read_tensors(tmp_path / "work" / "mlp-256" / "scorer")
+    saved = read_tensors(folder)
+    assert trained.keys() == saved.keys()
+    assert all(torch.equal(trained[k], saved[k]) for k in trained)
+    model = kc.transform(load_embedded_model(), saved_config(folder))
+    kc.load_scorer(model, folder)
