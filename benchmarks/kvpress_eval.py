@@ -35,13 +35,14 @@ import torch  # noqa: E402
 
 from kvpop_compile.atomic import atomic_write  # noqa: E402
 from kvpop_compile.embedded.corpus import encode  # noqa: E402
-from kvpop_compile.embedded.model import EMBEDDED_MODEL  # noqa: E402
+from kvpop_compile.embedded.model import EMBEDDED_MODEL, load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import (  # noqa: E402
     PROMPT_LENGTH,
     Sequence,
     held_out_sequences,
 )
+from kvpop_compile.evaluation.fingerprints import weights_sha256  # noqa: E402
 from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, capacities  # noqa: E402
 from kvpop_compile.evaluation.recall import (  # noqa: E402
@@ -338,6 +339,8 @@ def run_sequences(args: argparse.Namespace, python: Path) -> None:
         budgets={"0%": PROMPT_LENGTH, **BUDGETS},
         window=WINDOW,
         checkpoint_sha256=sha256,
+        # The fingerprint recall.json records: the report joins only rows of the same weights.
+        model_sha256=weights_sha256(load_embedded_model(path=EMBEDDED_MODEL)),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)
@@ -374,6 +377,8 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         budgets={str(n): capacities(n) for n in args.lengths},
         decode_interval=DECODE_INTERVAL,
         checkpoint_sha256=sha256,
+        # The fingerprint recall.json records: the report joins only rows of the same weights.
+        model_sha256=weights_sha256(load_embedded_model(path=EMBEDDED_MODEL)),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)

@@ -267,6 +267,13 @@ def test_recall_report_compares_the_items_both_runs_asked():
     assert any("its rows and retention use the first 2" in note for note in notes)
     other_seed = {**_kvpress_recall([1.0] * 4), "seed": RECALL_SEED + 1}
     assert summarize_kvpress_recall(other_seed, results)[0] == {}
+    # Rows of other model weights (a retrained model keeps its name) are left out, by name.
+    ours = {**results, "model_sha256": "a" * 64}
+    stale = {**_kvpress_recall([1.0] * 4), "model_sha256": "b" * 64}
+    summary, notes = summarize_kvpress_recall(stale, ours)
+    assert summary == {} and f"was run on model weights {'b' * 64}, this run on" in notes[0]
+    same = {**stale, "model_sha256": "a" * 64}
+    assert "kvpress snapkv @ 88%" in summarize_kvpress_recall(same, ours)[0]
 
 
 def test_recall_report_only_rewrites_recall_md_with_kvpress(tmp_path, capsys):

@@ -75,12 +75,20 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
 
     Returns ``({"kvpress <press> @ <budget>": {protocol: figures}}, notes)``. A failed run
     gives a note instead of figures, press ``none`` the :func:`full_attention_check`, and items
-    drawn with another seed leave the presses out.
+    drawn with another seed, or a run on other model weights (``model_sha256``, when this
+    run's results record one), leave the presses out.
     """
     seed = kvpress.get("seed", RECALL_SEED)
     if seed != results.get("seed", RECALL_SEED):
         ours = results.get("seed", RECALL_SEED)
         return {}, [f"kvpress recall: not compared (its items have seed {seed}, this run's {ours})"]
+    weights = results.get("model_sha256")
+    if weights is not None and kvpress.get("model_sha256") != weights:
+        return {}, [
+            f"kvpress recall: not compared ({KVPRESS_RECALL} was run on model weights "
+            f"{kvpress.get('model_sha256')}, this run on {weights}: rerun "
+            "benchmarks/kvpress_eval.py --recall)"
+        ]
     full = results["methods"][FULL]
     summary: dict[str, dict] = {}
     notes = [_about(kvpress, results)]
