@@ -78,11 +78,14 @@ class Method:
             record["priority_span"] = self.priority_span
         return record
 
-    def differs_from(self, saved: dict) -> tuple[str, object, object] | None:
-        """The first field of :meth:`record` on which ``saved`` (a results file's row) describes
-        another method, as ``(field, saved value, this method's)``; None when it is this one."""
+    def differs_from(
+        self, saved: dict, record: dict | None = None
+    ) -> tuple[str, object, object] | None:
+        """The first field of ``record`` (default :meth:`record`; a run may add fields such as
+        its scorer's digest) on which ``saved`` (a results file's row) describes another method,
+        as ``(field, saved value, this method's)``; None when it is this one."""
         unwritten = {"priority_span": 0}  # what record() leaves out of a file
-        ours = {**unwritten, **self.record()}
+        ours = {**unwritten, **(self.record() if record is None else record)}
         for key, value in ours.items():
             theirs = saved.get(key, unwritten.get(key))
             if theirs != value:

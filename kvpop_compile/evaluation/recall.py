@@ -189,9 +189,8 @@ def run_recall(
         )
     for method in methods:  # a saved row is kept only if it describes this very method
         if method.name in results:
-            differs = method.differs_from(results[method.name]) or _scorer_differs(
-                method, results[method.name], scorer_root
-            )
+            ours = {**method.record(), **_scorer_record(method, scorer_root)}
+            differs = method.differs_from(results[method.name], ours)
             if differs:
                 key, theirs, ours = differs
                 raise ValueError(
@@ -240,11 +239,3 @@ def _scorer_record(method: Method, scorer_root) -> dict:
     if method.policy is None or not ScorerKind(method.policy).learned:
         return {}
     return {"scorer_sha256": tensors_sha256(trained_scorer(method, scorer_root))}
-
-
-def _scorer_differs(method: Method, saved: dict, scorer_root) -> tuple[str, object, object] | None:
-    """``("scorer_sha256", saved, ours)`` when ``saved`` (a results row of ``method``) was
-    measured with another trained scorer than the one this run would load; else None."""
-    ours = _scorer_record(method, scorer_root).get("scorer_sha256")
-    theirs = saved.get("scorer_sha256")
-    return None if ours == theirs else ("scorer_sha256", theirs, ours)
