@@ -316,6 +316,12 @@ def write_summary(out: Path, summary: dict) -> None:
     atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
 
 
+def _embedded_weights_sha256() -> str:
+    """The fingerprint of the embedded model's weights that ``kvpop-compile eval`` records
+    (``model_sha256``): the recall report joins kvpress rows only from the same weights."""
+    return weights_sha256(load_embedded_model(path=EMBEDDED_MODEL))
+
+
 def run_sequences(args: argparse.Namespace, python: Path) -> None:
     """The prompt-compression protocol on the held-out sequences, into ``args.out``."""
     sequences = held_out_sequences(args.sequences)
@@ -339,8 +345,7 @@ def run_sequences(args: argparse.Namespace, python: Path) -> None:
         budgets={"0%": PROMPT_LENGTH, **BUDGETS},
         window=WINDOW,
         checkpoint_sha256=sha256,
-        # The fingerprint recall.json records: the report joins only rows of the same weights.
-        model_sha256=weights_sha256(load_embedded_model(path=EMBEDDED_MODEL)),
+        model_sha256=_embedded_weights_sha256(),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)
@@ -377,8 +382,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         budgets={str(n): capacities(n) for n in args.lengths},
         decode_interval=DECODE_INTERVAL,
         checkpoint_sha256=sha256,
-        # The fingerprint recall.json records: the report joins only rows of the same weights.
-        model_sha256=weights_sha256(load_embedded_model(path=EMBEDDED_MODEL)),
+        model_sha256=_embedded_weights_sha256(),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)

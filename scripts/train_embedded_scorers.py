@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,6 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
-from kvpop_compile.scorer_io import saved_config  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -132,15 +130,11 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
 
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
     """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
-    ``config`` (``model`` transformed with it carries the weights when the scorer was trained
-    at another capacity)."""
+    ``config`` (``model`` transformed with it carries the weights, whatever capacity the
+    scorer was trained at)."""
 
     def write(folder: Path) -> None:
-        if saved_config(scorer) == config:
-            for f in scorer.iterdir():
-                shutil.copy2(f, folder / f.name)
-        else:
-            kc.save_scorer(kc.load_scorer(kc.transform(model, config), scorer), folder)
+        kc.save_scorer(kc.load_scorer(kc.transform(model, config), scorer), folder)
         (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
     replace_folder(target, write)

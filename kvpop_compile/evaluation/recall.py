@@ -189,8 +189,7 @@ def run_recall(
         )
     for method in methods:  # a saved row is kept only if it describes this very method
         if method.name in results:
-            ours = {**method.record(), **_scorer_record(method, scorer_root)}
-            differs = method.differs_from(results[method.name], ours)
+            differs = method.differs_from(results[method.name], _row_record(method, scorer_root))
             if differs:
                 key, theirs, ours = differs
                 raise ValueError(
@@ -209,7 +208,7 @@ def run_recall(
     for method in to_run:
         bar.set_postfix_str(method.name)
         model = build_model(original, method, scorer_root)
-        record = {**method.record(), **_scorer_record(method, scorer_root)}
+        record = _row_record(method, scorer_root)
         for protocol in settings.protocols:
             per_group = {}
             for (task, length), items in groups.items():
@@ -233,9 +232,11 @@ def run_recall(
     return snapshot()
 
 
-def _scorer_record(method: Method, scorer_root) -> dict:
-    """``{"scorer_sha256": ...}``, the trained scorer's tensors digest, for a learned method;
-    empty for full attention and the heuristics."""
-    if method.policy is None or not ScorerKind(method.policy).learned:
-        return {}
-    return {"scorer_sha256": tensors_sha256(trained_scorer(method, scorer_root))}
+def _row_record(method: Method, scorer_root) -> dict:
+    """What a results row records of ``method``: :meth:`Method.record`, and for a learned
+    method its trained scorer's tensors digest (``scorer_sha256``), so that a resumed run can
+    tell a retrained scorer from the one a saved row was measured with."""
+    record = method.record()
+    if method.policy is not None and ScorerKind(method.policy).learned:
+        record["scorer_sha256"] = tensors_sha256(trained_scorer(method, scorer_root))
+    return record
