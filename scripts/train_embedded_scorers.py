@@ -9,7 +9,7 @@ loss against the future-attention target) on the embedded model's *training* fil
 benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% compression of
 2048 tokens) or 256 (88%). Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
 ``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
-copied there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
+written there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
 
 ``--train-capacity C`` trains every scorer at capacity ``C`` (the pool boundary its loss
 ranks tokens at) and saves it for each of ``--capacities``: a scorer's priorities do not
