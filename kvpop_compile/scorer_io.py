@@ -169,12 +169,22 @@ def saved_config(path: str | os.PathLike) -> KVpopConfig:
         raise ValueError(f"{folder / CONFIG_FILE} holds an invalid kvpop_config: {error}") from None
 
 
+SHAPE_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
+
+
+def saved_shape(path: str | os.PathLike) -> dict[str, int]:
+    """The model shape a scorer folder was saved for: ``num_layers``, ``num_kv_heads`` and
+    ``head_dim``."""
+    saved = _read_description(_folder(path))
+    return {key: saved.get(key) for key in SHAPE_FIELDS}
+
+
 def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load scorers saved by :func:`save_scorer` into a transformed model (in place)."""
     folder = _folder(path)
     saved = _read_description(folder)
     expected = _describe(model)
-    for key in ("num_layers", "num_kv_heads", "head_dim"):
+    for key in SHAPE_FIELDS:
         if saved.get(key) != expected[key]:
             raise ValueError(
                 f"scorer mismatch: saved for {key}={saved.get(key)}, the model has {expected[key]}"
@@ -190,19 +200,30 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             )
     tensors = read_tensors(folder)
     for i, attention in enumerate(_attentions(model)):
-        prefix = f"layers.{i}."
-        layer = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        own = attention.scorer.state_dict()
-        if layer.keys() != own.keys():
-            raise ValueError(
-                f"scorer mismatch in layer {i}: saved tensors {sorted(layer)} but the model's "
-                f"scorer has {sorted(own)}"
-            )
-        for name, tensor in layer.items():
-            if tensor.shape != own[name].shape:
-                raise ValueError(
-                    f"scorer mismatch in layer {i}: {name} has shape {tuple(tensor.shape)}, "
-                    f"the model's has {tuple(own[name].shape)}"
-                )
-        attention.scorer.load_state_dict(layer)
+        load_layer(attention.scorer, layer_tensors(tensors, i), i)
     return model
+
+
+def layer_tensors(tensors: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
+    """Layer ``index``'s tensors of a saved scorer (:func:`read_tensors`), named as in its
+    scorer's ``state_dict``."""
+    prefix = f"layers.{index}."
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def load_layer(scorer: nn.Module, layer: dict[str, torch.Tensor], index: int) -> None:
+    """Load one layer's saved tensors into its ``scorer`` (in place), refusing other names or
+    shapes (``index`` names the layer in the message)."""
+    own = scorer.state_dict()
+    if layer.keys() != own.keys():
+        raise ValueError(
+            f"scorer mismatch in layer {index}: saved tensors {sorted(layer)} but the model's "
+            f"scorer has {sorted(own)}"
+        )
+    for name, tensor in layer.items():
+        if tensor.shape != own[name].shape:
+            raise ValueError(
+                f"scorer mismatch in layer {index}: {name} has shape {tuple(tensor.shape)}, "
+                f"the model's has {tuple(own[name].shape)}"
+            )
+    scorer.load_state_dict(layer)

@@ -20,6 +20,21 @@ question needs more sharply, which a larger pool then also holds.
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
 at the end attends to a definition far back, which is what a scorer must learn to keep. Every
 sequence is one 2048-byte window or one item, so packing never cuts an item.
+
+``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
+starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of
+the scorers at step 0 and at every evaluation, the one that answers the most of ``N`` recall items
+per task exactly at the training capacity (prefill protocol). Those items are training-split items
+drawn with ``--select-seed``, never the training items' seed, and never held-out ones.
+
+The shipped scorers: ``mlp`` first, then ``memory`` started from it::
+
+    python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \
+        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10
+    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \
+        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --steps 200 --eval-every 25 \
+        --select-items 32
 """
 
 from __future__ import annotations
@@ -47,6 +62,9 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
+from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
+
+SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,6 +99,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--train-capacity", type=int, default=None,
         help="train at this capacity and save for each of --capacities (default: each its own)",
     )  # fmt: skip
+    p.add_argument(
+        "--init-from", type=Path, default=None, metavar="SCORER_FOLDER",
+        help="start each scorer from this saved scorer (TrainSettings.init_from)",
+    )  # fmt: skip
+    p.add_argument(
+        "--select-items", type=int, default=0,
+        help="keep the candidate answering the most of this many training-split recall items "
+        "per task (0: keep the last step)",
+    )  # fmt: skip
+    p.add_argument("--select-seed", type=int, default=99, help="seed of the selection items")
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
@@ -128,6 +156,26 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
     return texts
 
 
+def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: int):
+    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of ``per_task``
+    training-split recall items per task (drawn with ``seed``) that a candidate scorer answers
+    exactly, loaded into the model transformed with ``config`` (prefill protocol)."""
+    model = kc.transform(load_embedded_model(path=model_path), config)
+    groups = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+
+    def select(folder: Path) -> float:
+        kc.load_scorer(model, folder)
+        exact = [
+            answer
+            for items in groups
+            for start in range(0, len(items), SELECT_BATCH)
+            for answer in answer_exactly(model, items[start : start + SELECT_BATCH], "prefill")
+        ]
+        return sum(exact) / len(exact)
+
+    return select
+
+
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
     """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
     ``config`` (``model`` transformed with it carries the weights, whatever capacity the
@@ -143,6 +191,13 @@ def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopCon
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.select_items < 0:
+        raise SystemExit(f"--select-items must be 0 or more, got {args.select_items}")
+    if args.select_items and args.select_seed == args.seed:
+        raise SystemExit(
+            f"--select-seed {args.select_seed} equals --seed: the selection items would be "
+            "the training items; choose another"
+        )
     torch.set_num_threads(args.threads)
     train_sequences = args.steps * args.batch_size
     total = train_sequences + args.eval_sequences
@@ -161,9 +216,23 @@ def main(argv=None) -> None:
                 steps=args.steps, seq_len=SEQUENCE_LENGTH, batch_size=args.batch_size, lr=args.lr,
                 target=args.target, loss=args.loss, eval_fraction=eval_fraction,
                 eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
+                init_from=args.init_from,
             )  # fmt: skip
-            report = kc.train_scorer(model, texts, train_config, settings, output_dir=work)
+            select = None
+            if args.select_items:
+                select = recall_selection(
+                    args.model, train_config, args.select_items, args.select_seed
+                )
+            report = kc.train_scorer(
+                model, texts, train_config, settings, output_dir=work, select=select
+            )
             minutes = (time.perf_counter() - start) / 60
+            selection = None
+            if args.select_items:
+                selection = {
+                    "items_per_task": args.select_items, "seed": args.select_seed,
+                    "measured": report.selections, "kept_step": report.selected_step,
+                }  # fmt: skip
             record = {
                 "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),
                 "policy": policy,
@@ -182,7 +251,9 @@ def main(argv=None) -> None:
                 "recall_fraction": args.recall_fraction,
                 "priority_span": args.priority_span,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
+                "init_from": None if args.init_from is None else str(args.init_from),
                 "held_out_ranking": report.evaluations,
+                "selection": selection,
                 "minutes_this_run": round(minutes, 2),
                 "torch": torch.__version__,
             }

@@ -242,7 +242,7 @@ def train_command(args: argparse.Namespace) -> int:
     settings = TrainSettings(
         steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
         loss=args.loss, target=args.target, eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, init_from=args.init_from,
     )  # fmt: skip
     report = train_scorer(
         model, args.data, config, settings, output_dir=args.out, tokenizer=tokenizer

@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--eval-every", type=integer(1), default=50)
     trainer.add_argument("--checkpoint-every", type=integer(1), default=50)
     trainer.add_argument(
+        "--init-from", metavar="SCORER_FOLDER",
+        help="start from a saved scorer instead of a random draw: the same kind, or an mlp "
+        "scorer for --scorer memory (the memory scorer then starts as exactly that mlp)",
+    )  # fmt: skip
+    trainer.add_argument(
         "--tokenizer", default="model", choices=["model", "bytes"],
         help="the checkpoint's tokenizer (default) or UTF-8 bytes for byte-vocabulary models",
     )  # fmt: skip

@@ -3,6 +3,7 @@ as :class:`~kvpop_compile.KVpopConfig` checks the budget."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -37,7 +38,9 @@ class TrainSettings:
     checkpoint is written every ``checkpoint_every`` steps and, with ``resume``, continued.
     ``seed`` orders the batches. ``mode="distill"`` also fine-tunes the parameters whose names
     contain one of ``trainable`` (all if ``None``) with KL to the frozen model's top ``kl_top``
-    logits, weighted by ``kl_weight``.
+    logits, weighted by ``kl_weight``. ``init_from``: a saved scorer folder the scorers start
+    from instead of a random draw (the same kind, or an ``mlp`` scorer for a ``memory`` one:
+    :mod:`.warm_start`).
     """
 
     steps: int = 200
@@ -56,6 +59,7 @@ class TrainSettings:
     checkpoint_every: int = 50
     seed: int = 0
     resume: bool = True
+    init_from: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "eval_every", "checkpoint_every", "kl_top"):
@@ -71,6 +75,13 @@ class TrainSettings:
             raise ValueError(f"eval_fraction must be in (0, 1), got {fraction}")
         if not isinstance(self.resume, bool):
             raise ValueError(f"resume must be True or False, got {self.resume!r}")
+        if self.init_from is not None:
+            if not isinstance(self.init_from, (str, os.PathLike)):
+                raise ValueError(
+                    f"init_from must be a saved scorer folder (str or path) or None, got "
+                    f"{self.init_from!r}"
+                )
+            object.__setattr__(self, "init_from", os.fspath(self.init_from))
         trainable = self.trainable
         if trainable is not None:
             if isinstance(trainable, str) or not all(isinstance(t, str) for t in trainable):
@@ -108,4 +119,6 @@ class TrainSettings:
             "train_sequences": train_sequences, "mode": self.mode.value,
             "trainable": None if self.trainable is None else list(self.trainable),
             "kl_top": self.kl_top, "kl_weight": self.kl_weight,
+            # Only when set, so that checkpoints made before the field existed still resume.
+            **({} if self.init_from is None else {"init_from": self.init_from}),
         }  # fmt: skip

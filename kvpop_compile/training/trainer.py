@@ -7,6 +7,11 @@ built. Only scorer parameters get gradients; the LLM's activations are not kept 
 
 With ``mode="distill"`` the LLM is fine-tuned too (see :mod:`.objectives`).
 
+With ``select`` (a measure of a saved scorer folder, higher is better) the run keeps the best
+of its candidates, measured at the start and at every evaluation, instead of its last step
+(:mod:`.selection`). ``TrainSettings.init_from`` starts the scorers from a saved scorer
+(:mod:`.warm_start`).
+
 Checkpoints (scorers, optimizer, step) are written atomically every ``checkpoint_every`` steps
 (:class:`~.settings.TrainSettings`); a run resumed from one gives the same scorers as an
 uninterrupted run. The trained scorers are saved with the ``save_scorer`` format, ready for
@@ -16,6 +21,7 @@ uninterrupted run. The trained scorers are saved with the ``save_scorer`` format
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +36,9 @@ from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
+from .selection import CandidateSelection
 from .settings import TrainMode, TrainSettings
+from .warm_start import warm_start
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
@@ -38,11 +46,14 @@ CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
 
 @dataclass
 class TrainingReport:
-    """What a run measured: per-step training loss/accuracy, held-out evaluations, output."""
+    """What a run measured: per-step training loss/accuracy, held-out evaluations, output;
+    with a ``select`` measure, each candidate's measure and the step whose scorer was saved."""
 
     history: list[dict] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     scorer_path: Path | None = None
+    selections: list[dict] = field(default_factory=list)
+    selected_step: int | None = None
 
 
 class _Batches:
@@ -106,6 +117,7 @@ def train_scorer(
     output_dir: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     progress: bool = True,
+    select: Callable[[Path], float] | None = None,
 ) -> TrainingReport:
     """Train the scorers of ``config`` for an (untransformed) Qwen3 ``model`` on ``data``, as
     ``settings`` say (:class:`TrainSettings`; its defaults if ``None``).
@@ -115,6 +127,10 @@ def train_scorer(
     tokenized by ``tokenizer`` (text -> ids; UTF-8 bytes by default, for byte-vocabulary
     models) and packed into sequences of ``settings.seq_len`` tokens. Writes ``checkpoint.pt``
     and the final ``scorer/`` folder to ``output_dir``; ``progress`` shows a progress bar.
+
+    ``select(folder) -> float``, if given, measures a candidate scorer saved in ``folder`` (for
+    example the accuracy of a task's answers with it loaded); the saved ``scorer/`` is then the
+    best candidate, measured at step 0 and at every evaluation, not the last step's.
 
     In ``distill`` mode the model is fine-tuned too: a copy runs under the running-top-k mask,
     sharded with FSDP2 when several processes run; its weights are written into ``model`` at
@@ -128,6 +144,7 @@ def train_scorer(
     train, held_out = split(sequences, settings.eval_fraction)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    selection = None if select is None else CandidateSelection(select, output)
     recorded = settings.recorded(config, len(train))
     checkpoint = _load_checkpoint(output / CHECKPOINT, recorded) if settings.resume else None
     if settings.mode is TrainMode.DISTILL:
@@ -149,6 +166,8 @@ def train_scorer(
             parameters = objective.parameters()
             optimizer = torch.optim.AdamW(parameters, lr=settings.lr)
             start = 0
+            if checkpoint is None and settings.init_from is not None:
+                warm_start(scorers, config.scorer, settings.init_from)
             if checkpoint is not None:
                 for scorer, state in zip(scorers, checkpoint["scorers"], strict=True):
                     scorer.load_state_dict(state)
@@ -156,6 +175,17 @@ def train_scorer(
                 objective.load_optimizer_state(optimizer, checkpoint["optimizer"])
                 start = checkpoint["step"]
                 report.history = list(checkpoint["history"])
+                report.evaluations = list(checkpoint.get("evaluations", []))
+                if selection is not None:
+                    selection.measured = list(checkpoint.get("selections", []))
+            description = describe(
+                config,
+                num_layers=len(scorers),
+                num_kv_heads=scorers[0].num_kv_heads,
+                head_dim=scorers[0].head_dim,
+            )
+            if selection is not None and start == 0:
+                selection.measure(0, scorers, description, group)
             batches = _Batches(len(train), settings.batch_size, settings.seed)
             show = progress and group.is_main
             bar = tqdm(
@@ -176,6 +206,8 @@ def train_scorer(
                 if done % settings.eval_every == 0 or done == settings.steps:
                     evaluation = _evaluate(objective, held_out, settings.batch_size)
                     report.evaluations.append({"step": done, **evaluation})
+                    if selection is not None:
+                        selection.measure(done, scorers, description, group)
                 if done % settings.checkpoint_every == 0 or done == settings.steps:
                     # Every process gathers (sharded tensors need all); the main one writes.
                     state = {
@@ -183,16 +215,14 @@ def train_scorer(
                         "scorers": [s.state_dict() for s in scorers],
                         "extra": objective.extra_state(),
                         "optimizer": objective.optimizer_state(optimizer),
-                        "history": report.history,
+                        "history": report.history, "evaluations": report.evaluations,
+                        "selections": [] if selection is None else selection.measured,
                     }  # fmt: skip
                     if group.is_main:
                         atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))
-            description = describe(
-                config,
-                num_layers=len(scorers),
-                num_kv_heads=scorers[0].num_kv_heads,
-                head_dim=scorers[0].head_dim,
-            )
+            if selection is not None:
+                report.selected_step = selection.load_best(scorers)
+                report.selections = list(selection.measured)
             report.scorer_path = output / "scorer"
             if group.is_main:
                 save_scorers(scorers, description, report.scorer_path)

@@ -1,0 +1,122 @@
+"""Starting a run from a saved scorer (``init_from``) and keeping its best candidate by a
+caller's measure (``select``)."""
+
+import dataclasses
+
+import pytest
+import torch
+from tiny_models import tiny_qwen3
+from training_support import CONFIG, TEXTS, run
+
+import kvpop_compile as kc
+from kvpop_compile.config import ScorerKind
+from kvpop_compile.runtime import build_scorer
+from kvpop_compile.scorer_io import layer_tensors, read_tensors
+from kvpop_compile.training import train_scorer
+from kvpop_compile.training.selection import CandidateSelection
+from kvpop_compile.training.warm_start import warm_start
+
+MLP_CONFIG = dataclasses.replace(CONFIG, scorer="mlp")
+
+
+def _scorers(config, model):
+    attention = model.model.layers[0].self_attn
+    return [
+        build_scorer(config, model.config.num_key_value_heads, attention.head_dim)
+        for _ in model.model.layers
+    ]
+
+
+def _train_mlp(folder, steps=3):
+    settings = kc.TrainSettings(steps=steps, seq_len=96, batch_size=2, eval_every=5, lr=3e-3)
+    report = train_scorer(tiny_qwen3(), TEXTS, MLP_CONFIG, settings, output_dir=folder,
+                          progress=False)  # fmt: skip
+    return report.scorer_path
+
+
+def test_a_memory_scorer_started_from_an_mlp_scores_exactly_as_that_mlp(tmp_path):
+    mlp_folder = _train_mlp(tmp_path / "mlp")
+    model = tiny_qwen3()
+    mlps = _scorers(MLP_CONFIG, model)
+    memories = _scorers(CONFIG, model)
+    warm_start(mlps, ScorerKind.MLP, mlp_folder)
+    warm_start(memories, ScorerKind.MEMORY, mlp_folder)
+    heads, dim = mlps[0].num_kv_heads, mlps[0].head_dim
+    k, v = torch.randn(2, heads, 40, dim), torch.randn(2, heads, 40, dim)
+    window = CONFIG.window
+    for mlp, memory in zip(mlps, memories, strict=True):
+        want, _ = mlp.score_sequence(k, v, window)
+        got, _ = memory.score_sequence(k, v, window)
+        # The memory scorer scores a token when it leaves the window: the last W have none yet.
+        torch.testing.assert_close(got[..., :-window], want[..., :-window])
+        # The memory's read is there, with zero weight, so training can give it one.
+        assert memory.readout.w1[:, 2 * dim :].abs().sum() == 0
+
+
+def test_init_from_starts_the_run_at_the_saved_scorer_and_trains_on(tmp_path):
+    start = run(tmp_path / "first", 3).scorer_path
+    seen = []
+
+    def select(folder):
+        seen.append(read_tensors(folder))
+        return 0.0
+
+    report = run(tmp_path / "second", 2, eval_every=2, init_from=start, select=select)
+    saved = read_tensors(start)
+    assert seen[0].keys() == saved.keys()
+    assert all(torch.equal(seen[0][name], saved[name]) for name in saved)  # step 0 = the start
+    assert any(not torch.equal(seen[1][name], saved[name]) for name in saved)  # it trained
+    checkpoint = torch.load(tmp_path / "second" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["settings"]["init_from"] == str(start)
+    assert report.selected_step == 2  # a tie goes to the later step
+
+
+def test_bad_starting_points_are_refused(tmp_path):
+    memory_folder = run(tmp_path / "memory", 2).scorer_path
+    model = tiny_qwen3()
+    with pytest.raises(ValueError, match="holds a 'memory' scorer; a 'mlp' scorer can start "
+                       "from a saved mlp scorer"):  # fmt: skip
+        warm_start(_scorers(MLP_CONFIG, model), ScorerKind.MLP, memory_folder)
+    narrow = dataclasses.replace(CONFIG, scorer_hidden=8)
+    with pytest.raises(ValueError, match="scorer mismatch in layer 0: readout.b1 has shape"):
+        warm_start(_scorers(narrow, model), ScorerKind.MEMORY, memory_folder)
+    with pytest.raises(ValueError, match="mlp.w1 has shape .* \\(a different scorer_hidden"):
+        warm_start(_scorers(narrow, model), ScorerKind.MEMORY, _train_mlp(tmp_path / "mlp", 1))
+    with pytest.raises(FileNotFoundError, match="not a saved KVpop scorer folder"):
+        warm_start(_scorers(CONFIG, model), ScorerKind.MEMORY, tmp_path)
+    with pytest.raises(ValueError, match="init_from must be a saved scorer folder .* got 3"):
+        kc.TrainSettings(init_from=3)
+
+
+def test_select_keeps_the_best_candidate_and_survives_a_resume(tmp_path):
+    measures = {0: 0.1, 2: 0.9, 3: 0.2, 4: 0.5, 6: 0.3}
+
+    def select(folder):
+        return measures[int(folder.name.removeprefix("step-"))]
+
+    first = run(tmp_path, 3, eval_every=2, select=select)
+    assert [m["step"] for m in first.selections] == [0, 2, 3]
+    resumed = run(tmp_path, 6, eval_every=2, select=select)
+    assert [(m["step"], m["select"]) for m in resumed.selections] == [
+        (0, 0.1), (2, 0.9), (3, 0.2), (4, 0.5), (6, 0.3)
+    ]  # fmt: skip
+    assert resumed.selected_step == 2
+    best = read_tensors(tmp_path / "candidates" / "step-000002")
+    kept = read_tensors(resumed.scorer_path)
+    assert all(torch.equal(best[name], kept[name]) for name in best)
+    last = read_tensors(tmp_path / "candidates" / "step-000006")
+    assert any(not torch.equal(last[name], kept[name]) for name in last)
+    # The saved scorer loads like any other.
+    kc.load_scorer(kc.transform(tiny_qwen3(), CONFIG), resumed.scorer_path)
+
+
+def test_a_measure_that_is_not_a_finite_number_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="select must return a finite number, got nan"):
+        run(tmp_path / "a", 2, select=lambda folder: float("nan"))
+    with pytest.raises(TypeError, match="select must be callable"):
+        run(tmp_path / "b", 2, select=0.5)
+    selection = CandidateSelection(lambda folder: 1.0, tmp_path)
+    selection.measured = [{"step": 0, "select": 1.0}, {"step": 5, "select": 1.0}]
+    assert selection.best_step() == 5
+    layer = layer_tensors({"layers.1.w": torch.ones(1), "layers.10.w": torch.zeros(1)}, 1)
+    assert list(layer) == ["w"] and torch.equal(layer["w"], torch.ones(1))
