@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import kvpop_compile as kc
@@ -40,3 +41,28 @@ def test_a_scorer_trained_at_256_is_saved_for_512_with_the_same_weights(tmp_path
     assert all(torch.equal(trained[k], saved[k]) for k in trained)
     model = kc.transform(load_embedded_model(), saved_config(folder))
     kc.load_scorer(model, folder)
+
+
+def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_path):
+    from kvpop_compile.evaluation.methods import scorer_folder
+
+    mlp = scorer_folder("mlp", 256)
+    common = ["--policies", "memory", "--capacities", "256", "--steps", "1", "--batch-size", "1",
+              "--eval-sequences", "1", "--eval-every", "1", "--priority-span", "10",
+              "--init-from", str(mlp), "--select-items", "1",
+              "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit, match="--select-seed 0 equals --seed"):
+        _script().main([*common, "--select-seed", "0"])
+    _script().main(common)
+    record = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
+    assert record["init_from"] == str(mlp)
+    selection = record["selection"]
+    assert [m["step"] for m in selection["measured"]] == [0, 1]
+    # One item per task: each measure is a share of 4 answers, and the kept step is the best.
+    assert all(m["select"] in (0, 0.25, 0.5, 0.75, 1.0) for m in selection["measured"])
+    best = max(selection["measured"], key=lambda m: (m["select"], m["step"]))
+    assert selection["kept_step"] == best["step"]
+    candidate = read_tensors(tmp_path / "work" / "memory-256" / "candidates" /
+                             f"step-{best['step']:06d}")  # fmt: skip
+    saved = read_tensors(tmp_path / "out" / "memory-256")
+    assert all(torch.equal(candidate[k], saved[k]) for k in saved)
