@@ -115,6 +115,8 @@ def test_a_measure_that_is_not_a_finite_number_is_refused(tmp_path):
         run(tmp_path / "a", 2, select=lambda folder: float("nan"))
     with pytest.raises(TypeError, match="select must be callable"):
         run(tmp_path / "b", 2, select=0.5)
+    with pytest.raises(ValueError, match="works with mode='scorer', not 'distill'"):
+        run(tmp_path / "c", 2, select=lambda folder: 1.0, mode="distill")
     selection = CandidateSelection(lambda folder: 1.0, tmp_path)
     selection.measured = [{"step": 0, "select": 1.0}, {"step": 5, "select": 1.0}]
     assert selection.best_step() == 5

@@ -144,6 +144,13 @@ def train_scorer(
     train, held_out = split(sequences, settings.eval_fraction)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    if select is not None and settings.mode is TrainMode.DISTILL:
+        # A candidate is a scorer folder; the distilled model's weights would stay the last
+        # step's, paired with another step's scorers.
+        raise ValueError(
+            "select keeps one of the run's scorer candidates, which holds only scorers; it "
+            "works with mode='scorer', not 'distill' (the model trains too)"
+        )
     selection = None if select is None else CandidateSelection(select, output)
     recorded = settings.recorded(config, len(train))
     checkpoint = _load_checkpoint(output / CHECKPOINT, recorded) if settings.resume else None
