@@ -172,11 +172,19 @@ def saved_config(path: str | os.PathLike) -> KVpopConfig:
 SHAPE_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
 
 
-def saved_shape(path: str | os.PathLike) -> dict[str, int]:
+def saved_shape(path: str | os.PathLike) -> dict[str, int | None]:
     """The model shape a scorer folder was saved for: ``num_layers``, ``num_kv_heads`` and
-    ``head_dim``."""
+    ``head_dim`` (``None`` where ``scorer.json`` lacks one)."""
     saved = _read_description(_folder(path))
     return {key: saved.get(key) for key in SHAPE_FIELDS}
+
+
+def check_shape(saved: dict, have: dict, what: str) -> None:
+    """Raise ``ValueError`` unless the model shape a scorer was ``saved`` for equals ``have``
+    (both keyed by :data:`SHAPE_FIELDS`); ``what`` begins the message."""
+    for key in SHAPE_FIELDS:
+        if saved.get(key) != have[key]:
+            raise ValueError(f"{what}: saved for {key}={saved.get(key)}, the model has {have[key]}")
 
 
 def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
@@ -184,11 +192,7 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     folder = _folder(path)
     saved = _read_description(folder)
     expected = _describe(model)
-    for key in SHAPE_FIELDS:
-        if saved.get(key) != expected[key]:
-            raise ValueError(
-                f"scorer mismatch: saved for {key}={saved.get(key)}, the model has {expected[key]}"
-            )
+    check_shape(saved, expected, "scorer mismatch")
     # The random scorer is its seed; other scorers' seed only initialised what was loaded.
     random_scorer = expected["kvpop_config"]["scorer"] == "random"
     for key in (*SCORER_FIELDS, "seed") if random_scorer else SCORER_FIELDS:
@@ -198,10 +202,15 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
                 f"scorer mismatch: saved with {key}={have!r}, the model is transformed with "
                 f"{key}={want!r}"
             )
-    tensors = read_tensors(folder)
-    for i, attention in enumerate(_attentions(model)):
-        load_layer(attention.scorer, layer_tensors(tensors, i), i)
+    load_layers([a.scorer for a in _attentions(model)], read_tensors(folder))
     return model
+
+
+def load_layers(scorers: list[nn.Module], tensors: dict[str, torch.Tensor]) -> None:
+    """Load a saved scorer's ``tensors`` (:func:`read_tensors`) into the per-layer
+    ``scorers`` (in place), refusing other names or shapes."""
+    for index, scorer in enumerate(scorers):
+        load_layer(scorer, layer_tensors(tensors, index), index)
 
 
 def layer_tensors(tensors: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:

@@ -27,14 +27,13 @@ the scorers at step 0 and at every evaluation, the one that answers the most of 
 per task exactly at the training capacity (prefill protocol). Those items are training-split items
 drawn with ``--select-seed``, never the training items' seed, and never held-out ones.
 
-The shipped scorers: ``mlp`` first, then ``memory`` started from it::
+The shipped scorers: ``mlp`` first (the command its ``training.json`` records), then ``memory``
+started from it::
 
-    python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \
-        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10
-    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \
-        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \
-        --init-from kvpop_compile/embedded/scorers/mlp-256 --steps 200 --eval-every 25 \
-        --select-items 32
+    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
+        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 \\
+        --eval-every 25 --select-items 32 --threads 1
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     scorer_folder,
 )
 from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
+from kvpop_compile.scorer_io import tensors_sha256  # noqa: E402
 
 SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
 
@@ -160,11 +160,13 @@ def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: in
     """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of ``per_task``
     training-split recall items per task (drawn with ``seed``) that a candidate scorer answers
     exactly, loaded into the model transformed with ``config`` (prefill protocol)."""
-    model = kc.transform(load_embedded_model(path=model_path), config)
     groups = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+    models = []  # made at the first measure: a resumed, finished run measures nothing
 
     def select(folder: Path) -> float:
-        kc.load_scorer(model, folder)
+        if not models:
+            models.append(kc.transform(load_embedded_model(path=model_path), config))
+        model = kc.load_scorer(models[0], folder)
         exact = [
             answer
             for items in groups
@@ -193,7 +195,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.select_items < 0:
         raise SystemExit(f"--select-items must be 0 or more, got {args.select_items}")
-    if args.select_items and args.select_seed == args.seed:
+    if args.select_items and args.recall_fraction and args.select_seed == args.seed:
         raise SystemExit(
             f"--select-seed {args.select_seed} equals --seed: the selection items would be "
             "the training items; choose another"
@@ -227,6 +229,12 @@ def main(argv=None) -> None:
                 model, texts, train_config, settings, output_dir=work, select=select
             )
             minutes = (time.perf_counter() - start) / 60
+            start = None
+            if args.init_from is not None:
+                start = {
+                    "path": str(args.init_from),
+                    "tensors_sha256": tensors_sha256(args.init_from),
+                }
             selection = None
             if args.select_items:
                 selection = {
@@ -251,7 +259,7 @@ def main(argv=None) -> None:
                 "recall_fraction": args.recall_fraction,
                 "priority_span": args.priority_span,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
-                "init_from": None if args.init_from is None else str(args.init_from),
+                "init_from": start,
                 "held_out_ranking": report.evaluations,
                 "selection": selection,
                 "minutes_this_run": round(minutes, 2),

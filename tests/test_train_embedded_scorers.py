@@ -9,8 +9,9 @@ import torch
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.embedded.recall import TASKS
 from kvpop_compile.evaluation.methods import budget_config
-from kvpop_compile.scorer_io import read_tensors, saved_config
+from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_scorers.py"
 
@@ -52,14 +53,15 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
               "--init-from", str(mlp), "--select-items", "1",
               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
     with pytest.raises(SystemExit, match="--select-seed 0 equals --seed"):
-        _script().main([*common, "--select-seed", "0"])
+        _script().main([*common, "--select-seed", "0", "--recall-fraction", "0.5"])
     _script().main(common)
     record = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
-    assert record["init_from"] == str(mlp)
+    assert record["init_from"] == {"path": str(mlp), "tensors_sha256": tensors_sha256(mlp)}
     selection = record["selection"]
     assert [m["step"] for m in selection["measured"]] == [0, 1]
-    # One item per task: each measure is a share of 4 answers, and the kept step is the best.
-    assert all(m["select"] in (0, 0.25, 0.5, 0.75, 1.0) for m in selection["measured"])
+    # One item per task: each measure is a share of len(TASKS) answers; the best is kept.
+    shares = {k / len(TASKS) for k in range(len(TASKS) + 1)}
+    assert all(m["select"] in shares for m in selection["measured"])
     best = max(selection["measured"], key=lambda m: (m["select"], m["step"]))
     assert selection["kept_step"] == best["step"]
     candidate = read_tensors(tmp_path / "work" / "memory-256" / "candidates" /

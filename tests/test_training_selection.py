@@ -11,7 +11,7 @@ from training_support import CONFIG, TEXTS, run
 import kvpop_compile as kc
 from kvpop_compile.config import ScorerKind
 from kvpop_compile.runtime import build_scorer
-from kvpop_compile.scorer_io import layer_tensors, read_tensors
+from kvpop_compile.scorer_io import layer_tensors, read_tensors, tensors_sha256
 from kvpop_compile.training import train_scorer
 from kvpop_compile.training.selection import CandidateSelection
 from kvpop_compile.training.warm_start import warm_start
@@ -67,7 +67,8 @@ def test_init_from_starts_the_run_at_the_saved_scorer_and_trains_on(tmp_path):
     assert all(torch.equal(seen[0][name], saved[name]) for name in saved)  # step 0 = the start
     assert any(not torch.equal(seen[1][name], saved[name]) for name in saved)  # it trained
     checkpoint = torch.load(tmp_path / "second" / "checkpoint.pt", weights_only=False)
-    assert checkpoint["settings"]["init_from"] == str(start)
+    # Recorded by content, so a resume from a retrained starting point is refused.
+    assert checkpoint["settings"]["init_from_sha256"] == tensors_sha256(start)
     assert report.selected_step == 2  # a tie goes to the later step
 
 
@@ -77,11 +78,18 @@ def test_bad_starting_points_are_refused(tmp_path):
     with pytest.raises(ValueError, match="holds a 'memory' scorer; a 'mlp' scorer can start "
                        "from a saved mlp scorer"):  # fmt: skip
         warm_start(_scorers(MLP_CONFIG, model), ScorerKind.MLP, memory_folder)
+    # Checked before the data is read: an empty data folder is not what is reported.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds a 'memory' scorer"):
+        settings = kc.TrainSettings(init_from=memory_folder)
+        train_scorer(tiny_qwen3(), tmp_path / "empty", MLP_CONFIG, settings, output_dir=tmp_path)
     narrow = dataclasses.replace(CONFIG, scorer_hidden=8)
-    with pytest.raises(ValueError, match="scorer mismatch in layer 0: readout.b1 has shape"):
+    with pytest.raises(ValueError, match="init_from .*: scorer mismatch in layer 0: readout.b1"):
         warm_start(_scorers(narrow, model), ScorerKind.MEMORY, memory_folder)
-    with pytest.raises(ValueError, match="mlp.w1 has shape .* \\(a different scorer_hidden"):
+    with pytest.raises(ValueError, match="init_from .*: layer 0's mlp.w1 has shape .* needs"):
         warm_start(_scorers(narrow, model), ScorerKind.MEMORY, _train_mlp(tmp_path / "mlp", 1))
+    with pytest.raises(ValueError, match="init_from .*: saved for num_layers=2, the model has 1"):
+        warm_start(_scorers(CONFIG, model)[:1], ScorerKind.MEMORY, memory_folder)
     with pytest.raises(FileNotFoundError, match="not a saved KVpop scorer folder"):
         warm_start(_scorers(CONFIG, model), ScorerKind.MEMORY, tmp_path)
     with pytest.raises(ValueError, match="init_from must be a saved scorer folder .* got 3"):
@@ -108,6 +116,51 @@ def test_select_keeps_the_best_candidate_and_survives_a_resume(tmp_path):
     assert any(not torch.equal(last[name], kept[name]) for name in last)
     # The saved scorer loads like any other.
     kc.load_scorer(kc.transform(tiny_qwen3(), CONFIG), resumed.scorer_path)
+
+
+def test_an_interrupted_run_keeps_what_an_uninterrupted_one_keeps(tmp_path):
+    measures = {0: 0.2, 2: 0.4, 4: 0.9, 6: 0.1}
+    cut = []
+
+    def select(folder):
+        step = int(folder.name.removeprefix("step-"))
+        if step == 4 and folder.parts[-3] == "cut" and not cut:
+            cut.append(step)
+            raise KeyboardInterrupt  # the run is cut off after its checkpoint at step 3
+        return measures[step]
+
+    settings = dict(eval_every=2, checkpoint_every=3, select=select)
+    straight = run(tmp_path / "straight", 6, **settings)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", 6, **settings)
+    resumed = run(tmp_path / "cut", 6, **settings)
+    assert resumed.selections == straight.selections
+    assert [m["step"] for m in resumed.selections] == [0, 2, 4, 6]
+    assert resumed.selected_step == straight.selected_step == 4
+    a = (straight.scorer_path / "scorer.safetensors").read_bytes()
+    b = (resumed.scorer_path / "scorer.safetensors").read_bytes()
+    assert a == b
+
+
+def test_a_resume_that_changes_selection_is_refused(tmp_path):
+    run(tmp_path / "a", 3, select=lambda folder: 1.0)
+    with pytest.raises(ValueError, match="made with other settings \\(select\\)"):
+        run(tmp_path / "a", 6)
+    run(tmp_path / "b", 3)
+    with pytest.raises(ValueError, match="made with other settings \\(select\\)"):
+        run(tmp_path / "b", 6, select=lambda folder: 1.0)
+
+
+def test_a_measure_may_be_any_real_number_but_a_finite_one():
+    import numpy as np
+
+    from kvpop_compile.training.selection import _as_measure
+
+    for value, want in ((np.float32(0.5), 0.5), (torch.tensor(0.25), 0.25), (3, 3.0)):
+        assert _as_measure(value, "f") == want
+    for bad in (True, "0.5", torch.ones(2), float("inf")):
+        with pytest.raises(ValueError, match="select must return a finite number"):
+            _as_measure(bad, "f")
 
 
 def test_a_measure_that_is_not_a_finite_number_is_refused(tmp_path):

@@ -58,6 +58,14 @@ class ProcessGroup:
         if self.world > 1:
             dist.barrier()
 
+    def from_main(self, value):
+        """The main process's ``value`` (any picklable object), on every process."""
+        if self.world == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 def shard_student(model: nn.Module, group: ProcessGroup, keep_whole: set[nn.Parameter]) -> None:
     """FSDP2 over ``group``: every decoder layer, then the rest of ``model``, sharded in place.

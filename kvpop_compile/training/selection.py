@@ -5,26 +5,41 @@ answers of their task under a budget), and the two need not move together: on th
 model's recall items, scorers with equal held-out ranking accuracy answer very differently.
 With a ``select`` measure, a run saves its scorers as a *candidate* at the start and at every
 evaluation, scores each with the measure, and keeps the best one (on a tie, the later one).
+The main process saves and measures; the others receive its measure.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch import nn
 
-from ..scorer_io import layer_tensors, load_layer, read_tensors, save_scorers
+from ..scorer_io import load_layers, read_tensors, save_scorers
 
 CANDIDATES = "candidates"
 
 
+def _as_measure(value: object, folder: Path) -> float:
+    """``value`` as a float if it is a finite real number (a Python or NumPy number, or a
+    one-element tensor), else ``ValueError``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"select must return a finite number, got {value!r} for {folder}")
+    if not math.isfinite(value):
+        raise ValueError(f"select must return a finite number, got {value!r} for {folder}")
+    return float(value)
+
+
 class CandidateSelection:
     """The candidates of one run, under ``output_dir/candidates/step-NNNNNN/``, and their
-    measures. ``select(folder) -> float``: higher is better; ``folder`` is a saved scorer
-    (load it with :func:`~kvpop_compile.load_scorer` into a model transformed with the
-    training config)."""
+    measures. ``select(folder) -> float``: higher is better; ``folder`` is a saved scorer (load
+    it with :func:`~kvpop_compile.load_scorer` into a *separate* model transformed with the
+    training config: transforming the model being trained would change it in place)."""
 
     def __init__(self, select: Callable[[Path], float], output_dir: Path):
         if not callable(select):
@@ -37,30 +52,26 @@ class CandidateSelection:
         return self.folder / f"step-{step:06d}"
 
     def measure(self, step: int, scorers: list[nn.Module], description: dict, group) -> float:
-        """Save ``scorers`` as step ``step``'s candidate (the main process writes), measure
-        it on every process, record and return the measure."""
-        folder = self.folder_of(step)
+        """Save ``scorers`` as step ``step``'s candidate and measure it (the main process does
+        both and sends the measure to the others); record and return the measure."""
+        value = None
         if group.is_main:
-            save_scorers(scorers, description, folder)
-        group.barrier()
-        value = self.select(folder)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value):
-            raise ValueError(f"select must return a finite number, got {value!r} for {folder}")
-        self.measured = [m for m in self.measured if m["step"] != step]
-        self.measured.append({"step": step, "select": float(value)})
-        return float(value)
+            folder = save_scorers(scorers, description, self.folder_of(step))
+            with torch.no_grad():
+                value = _as_measure(self.select(folder), folder)
+        value = group.from_main(value)
+        # A resumed run measures again the steps after its checkpoint, never the ones it holds.
+        self.measured.append({"step": step, "select": value})
+        return value
 
     def best_step(self) -> int:
         """The step of the best candidate (the later one on a tie)."""
         if not self.measured:
-            raise ValueError("no candidate was measured")
+            raise ValueError(f"no candidate under {self.folder} was measured")
         return max(self.measured, key=lambda m: (m["select"], m["step"]))["step"]
 
     def load_best(self, scorers: list[nn.Module]) -> int:
         """Load the best candidate into ``scorers`` (in place); return its step."""
         step = self.best_step()
-        tensors = read_tensors(self.folder_of(step))
-        for index, scorer in enumerate(scorers):
-            load_layer(scorer, layer_tensors(tensors, index), index)
+        load_layers(scorers, read_tensors(self.folder_of(step)))
         return step

@@ -119,6 +119,4 @@ class TrainSettings:
             "train_sequences": train_sequences, "mode": self.mode.value,
             "trainable": None if self.trainable is None else list(self.trainable),
             "kl_top": self.kl_top, "kl_weight": self.kl_weight,
-            # Only when set, so that checkpoints made before the field existed still resume.
-            **({} if self.init_from is None else {"init_from": self.init_from}),
         }  # fmt: skip

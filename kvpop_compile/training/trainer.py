@@ -31,14 +31,14 @@ from tqdm.auto import tqdm
 
 from ..atomic import atomic_write
 from ..config import KVpopConfig
-from ..scorer_io import describe, save_scorers
+from ..scorer_io import describe, save_scorers, tensors_sha256
 from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
 from .selection import CandidateSelection
 from .settings import TrainMode, TrainSettings
-from .warm_start import warm_start
+from .warm_start import check_start, warm_start
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = "kvpop-train-checkpoint-v1"
@@ -99,8 +99,9 @@ def _load_checkpoint(path: Path, recorded: dict) -> dict | None:
         ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a kvpop_compile training checkpoint")
-    if checkpoint["settings"] != recorded:
-        changed = sorted(k for k in recorded if checkpoint["settings"].get(k) != recorded[k])
+    if checkpoint["settings"] != recorded:  # a key set on one side only counts as changed
+        saved = checkpoint["settings"]
+        changed = sorted(k for k in {*saved, *recorded} if saved.get(k) != recorded.get(k))
         raise ValueError(
             f"checkpoint {path} was made with other settings ({', '.join(changed)}); use "
             "another output_dir or resume=False"
@@ -140,10 +141,6 @@ def train_scorer(
     check_transformable(model, config)
     group = ProcessGroup.current()
     settings.check_for(config, group.world)
-    sequences = pack(read_texts(data), tokenizer or byte_tokenizer, settings.seq_len)
-    train, held_out = split(sequences, settings.eval_fraction)
-    output = Path(output_dir)
-    output.mkdir(parents=True, exist_ok=True)
     if select is not None and settings.mode is TrainMode.DISTILL:
         # A candidate is a scorer folder; the distilled model's weights would stay the last
         # step's, paired with another step's scorers.
@@ -151,8 +148,21 @@ def train_scorer(
             "select keeps one of the run's scorer candidates, which holds only scorers; it "
             "works with mode='scorer', not 'distill' (the model trains too)"
         )
+    if settings.init_from is not None:
+        check_start(settings.init_from, config.scorer)  # before the data is read
+    sequences = pack(read_texts(data), tokenizer or byte_tokenizer, settings.seq_len)
+    train, held_out = split(sequences, settings.eval_fraction)
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
     selection = None if select is None else CandidateSelection(select, output)
     recorded = settings.recorded(config, len(train))
+    if settings.init_from is not None:  # by content: the same scorer under any path
+        recorded["init_from_sha256"] = tensors_sha256(settings.init_from)
+    if select is not None:
+        # Part of the run: a resume that dropped it would overwrite the measures taken, one
+        # that added it would choose among steps never measured. Recorded only when set, so
+        # checkpoints made before it existed still resume.
+        recorded["select"] = True
     checkpoint = _load_checkpoint(output / CHECKPOINT, recorded) if settings.resume else None
     if settings.mode is TrainMode.DISTILL:
         objective = DistillObjective(
@@ -228,8 +238,10 @@ def train_scorer(
                     if group.is_main:
                         atomic_write(output / CHECKPOINT, lambda tmp, s=state: torch.save(s, tmp))
             if selection is not None:
-                report.selected_step = selection.load_best(scorers)
+                report.selected_step = selection.best_step()
                 report.selections = list(selection.measured)
+                if group.is_main:  # it alone saves; the candidates are where it wrote them
+                    selection.load_best(scorers)
             report.scorer_path = output / "scorer"
             if group.is_main:
                 save_scorers(scorers, description, report.scorer_path)
