@@ -9,6 +9,7 @@ from training_support import CONFIG, TEXTS, run
 import kvpop_compile as kc
 from kvpop_compile.capture import capture_attention
 from kvpop_compile.runtime import build_scorer, future_attention_target_dense, masked_attention
+from kvpop_compile.scorer_io import tensors_sha256
 from kvpop_compile.training import train_scorer
 from kvpop_compile.training.losses import boundary_decisions, boundary_loss
 from kvpop_compile.training.passes import insert_future_attention_target
@@ -202,3 +203,14 @@ def test_cli_trains_a_local_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 4: held-out loss" in out and "wrote scorer to" in out
     assert (tmp_path / "out" / "scorer" / "scorer.json").is_file()
+    # --init-from: a second run starts from the first one's scorer (recorded by its digest).
+    again = [
+        *args[: args.index("--out") + 1],
+        str(tmp_path / "again"),
+        *args[args.index("--out") + 2 :],
+    ]
+    assert main([*again, "--init-from", str(tmp_path / "out" / "scorer")]) == 0
+    checkpoint = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["settings"]["init_from_sha256"] == tensors_sha256(tmp_path / "out" / "scorer")
+    assert main([*again, "--init-from", str(tmp_path)]) == 2  # not a scorer folder: one line
+    assert "not a saved KVpop scorer folder" in capsys.readouterr().err
