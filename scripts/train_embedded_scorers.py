@@ -39,6 +39,7 @@ started from it::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -161,12 +162,13 @@ def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: in
     training-split recall items per task (drawn with ``seed``) that a candidate scorer answers
     exactly, loaded into the model transformed with ``config`` (prefill protocol)."""
     groups = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
-    models = []  # made at the first measure: a resumed, finished run measures nothing
+
+    @functools.cache  # made at the first measure: a resumed, finished run measures nothing
+    def transformed():
+        return kc.transform(load_embedded_model(path=model_path), config)
 
     def select(folder: Path) -> float:
-        if not models:
-            models.append(kc.transform(load_embedded_model(path=model_path), config))
-        model = kc.load_scorer(models[0], folder)
+        model = kc.load_scorer(transformed(), folder)
         exact = [
             answer
             for items in groups
@@ -229,9 +231,9 @@ def main(argv=None) -> None:
                 model, texts, train_config, settings, output_dir=work, select=select
             )
             minutes = (time.perf_counter() - start) / 60
-            start = None
+            starting_scorer = None
             if args.init_from is not None:
-                start = {
+                starting_scorer = {
                     "path": str(args.init_from),
                     "tensors_sha256": tensors_sha256(args.init_from),
                 }
@@ -259,7 +261,7 @@ def main(argv=None) -> None:
                 "recall_fraction": args.recall_fraction,
                 "priority_span": args.priority_span,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
-                "init_from": start,
+                "init_from": starting_scorer,
                 "held_out_ranking": report.evaluations,
                 "selection": selection,
                 "minutes_this_run": round(minutes, 2),

@@ -28,9 +28,8 @@ def _as_measure(value: object, folder: Path) -> float:
     one-element tensor), else ``ValueError``."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"select must return a finite number, got {value!r} for {folder}")
-    if not math.isfinite(value):
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not real or not math.isfinite(value):
         raise ValueError(f"select must return a finite number, got {value!r} for {folder}")
     return float(value)
 
