@@ -7,7 +7,7 @@
 Each scorer is trained with :func:`kvpop_compile.train_scorer` (the model frozen, the boundary
 loss against the future-attention target) on the embedded model's *training* files only, at the
 benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% compression of
-2048 tokens) or 256 (88%). Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
+2048 tokens) or 256 (88%), saved for the window ``--windows`` names. Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
 ``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
 written there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
 
@@ -15,6 +15,11 @@ written there only once complete. Work folders under ``--work`` hold checkpoints
 ranks tokens at) and saves it for each of ``--capacities``: a scorer's priorities do not
 depend on the pool's size, and one trained at the tighter budget ranks the few tokens a later
 question needs more sharply, which a larger pool then also holds.
+
+``--windows W ...`` (one per capacity) saves each scorer for a window of ``W`` most recent tokens
+instead of the one it was trained with (``--train-window``, 64): ``kvpop-compile eval`` and the
+demo run a scorer at the window it was saved with. A window is a choice of the budget's split, not
+of the weights: the scorer scores each token as it leaves the window, whenever that is.
 
 ``--recall-fraction`` makes that share of the sequences long-range recall items of the training
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
@@ -31,9 +36,9 @@ The shipped scorers: ``mlp`` first (the command its ``training.json`` records), 
 started from it::
 
     python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
-        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
-        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 \\
-        --eval-every 25 --select-items 32 --threads 1
+        --windows 256 64 --train-capacity 256 --recall-fraction 0.5 --target max \\
+        --priority-span 10 --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 \\
+        --steps 100 --eval-every 25 --select-items 32 --threads 1
 """
 
 from __future__ import annotations
@@ -59,11 +64,12 @@ from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
 from kvpop_compile.evaluation.methods import (  # noqa: E402
     BUDGETS,
     EMBEDDED_SCORERS,
+    WINDOW,
     budget_config,
     scorer_folder,
 )
 from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
-from kvpop_compile.scorer_io import tensors_sha256  # noqa: E402
+from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
 
 SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
 
@@ -99,6 +105,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--train-capacity", type=int, default=None,
         help="train at this capacity and save for each of --capacities (default: each its own)",
+    )  # fmt: skip
+    p.add_argument(
+        "--train-window", type=int, default=WINDOW,
+        help=f"the window (most recent tokens always kept) while training ({WINDOW})",
+    )  # fmt: skip
+    p.add_argument(
+        "--windows", nargs="+", type=int, default=None,
+        help="the window each saved scorer runs at, one per --capacities (default: "
+        "--train-window); eval and demo run a scorer at the window it was saved with",
     )  # fmt: skip
     p.add_argument(
         "--init-from", type=Path, default=None, metavar="SCORER_FOLDER",
@@ -182,11 +197,17 @@ def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: in
 
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
     """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
-    ``config`` (``model`` transformed with it carries the weights, whatever capacity the
-    scorer was trained at)."""
+    ``config`` (``model`` transformed with it carries the weights, whatever capacity and window
+    the scorer was trained at)."""
 
     def write(folder: Path) -> None:
-        kc.save_scorer(kc.load_scorer(kc.transform(model, config), scorer), folder)
+        transformed = kc.transform(model, config)
+        # Tensors only: load_scorer would refuse a window other than the one trained with, and
+        # saving a scorer for another window (--windows) is this script's point; names and
+        # shapes are still checked layer by layer.
+        scorers = [layer.self_attn.scorer for layer in transformed.model.layers]
+        load_layers(scorers, read_tensors(scorer))
+        kc.save_scorer(transformed, folder)
         (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
     replace_folder(target, write)
@@ -202,16 +223,22 @@ def main(argv=None) -> None:
             f"--select-seed {args.select_seed} equals --seed: the selection items would be "
             "the training items; choose another"
         )
+    windows = args.windows or [args.train_window] * len(args.capacities)
+    if len(windows) != len(args.capacities):
+        raise SystemExit(
+            f"--windows gives {len(windows)} windows for {len(args.capacities)} --capacities "
+            f"{' '.join(map(str, args.capacities))}: give one per capacity"
+        )
     torch.set_num_threads(args.threads)
     train_sequences = args.steps * args.batch_size
     total = train_sequences + args.eval_sequences
     texts = training_texts(total, args.seed, args.recall_fraction)
     eval_fraction = args.eval_sequences / total
     for policy in args.policies:
-        for capacity in args.capacities:
-            config = budget_config(policy, capacity, args.priority_span)
+        for capacity, window in zip(args.capacities, windows, strict=True):
+            config = budget_config(policy, capacity, args.priority_span, window)
             trained_at = args.train_capacity or capacity
-            train_config = budget_config(policy, trained_at, args.priority_span)
+            train_config = budget_config(policy, trained_at, args.priority_span, args.train_window)
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
@@ -250,6 +277,7 @@ def main(argv=None) -> None:
                 "trained_at_capacity": trained_at,
                 "sinks": config.sinks,
                 "window": config.window,
+                "trained_with_window": train_config.window,
                 "topk": config.topk,
                 "steps": args.steps,
                 "batch_size": args.batch_size,

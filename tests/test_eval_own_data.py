@@ -220,8 +220,8 @@ def test_capacity_follows_the_sequence_length():
          "--policies memory: learned policies need scorers trained for this model; pass "
          "--scorers"),
         (["--model", "BYTES", "--data", "TEXT", "--length", "100"],
-         "sequence length 100 keeps 25 tokens at the 75% budget, but a budget must exceed "
-         "sinks + window = 68; use a length of at least 276"),
+         "sequence length 100 keeps 25 tokens at the 75% budget, but window @ 75% needs more "
+         "than sinks + window = 68; use a length of at least 276"),
         (["--model", "SHORT_CONTEXT", "--data", "TEXT"],
          "sequences of 300 tokens exceed the model's max_position_embeddings 256"),
         (["--data", "TEXT"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,7 +14,13 @@ from kvpop_compile.cli import main
 from kvpop_compile.embedded import is_held_out, load_embedded_model
 from kvpop_compile.embedded.corpus import read_bytes
 from kvpop_compile.evaluation import EvalSettings, evaluate, held_out_sequences
-from kvpop_compile.evaluation.methods import Method, budget_config, methods
+from kvpop_compile.evaluation.methods import (
+    Method,
+    budget_config,
+    build_model,
+    method_notes,
+    methods,
+)
 from kvpop_compile.evaluation.protocols import (
     compressed_prompt,
     greedy_continuation,
@@ -104,6 +111,32 @@ def test_a_learned_method_takes_the_span_its_scorer_was_saved_with(tmp_path):
     assert asked[1].priority_span == 2  # a span given outright wins
 
 
+def test_a_learned_method_keeps_the_window_its_scorer_was_saved_with(tmp_path):
+    wide = kc.transform(tiny_qwen3(), budget_config("memory", 256, window=128))
+    kc.save_scorer(wide, tmp_path / "memory-256")
+    listed = methods(("memory", "mlp", "random"), ("88%",), scorer_root=tmp_path)
+    # memory-256 says 128; mlp-256 is missing and a heuristic has no scorer: both keep 64.
+    assert [(m.name, m.window) for m in listed] == [
+        ("full", 64), ("memory @ 88%", 128), ("mlp @ 88%", 64), ("random @ 88%", 64),
+    ]  # fmt: skip
+    assert listed[1].record() == {"policy": "memory", "budget": "88%", "window": 128}
+    assert listed[3].record() == {"policy": "random", "budget": "88%"}  # as files before
+    model = build_model(tiny_qwen3(), listed[1], scorer_root=tmp_path)
+    assert model.kvpop_config == budget_config("memory", 256, window=128)
+    assert method_notes({m.name: m.record() for m in listed}) == [
+        "window (the most recent tokens always kept, inside the budget): memory @ 88% 128, the "
+        "window each trained scorer was saved with; every other method keeps 64"
+    ]
+    # A saved window the sequence length leaves no pool for is refused before anything runs.
+    shutil.copytree(tmp_path / "memory-256", tmp_path / "memory-128")  # 88% of 1024 tokens
+    with pytest.raises(
+        ValueError,
+        match="keeps 128 tokens at the 88% budget, but memory @ 88% "
+        "needs more than sinks \\+ window = 132; use a length of at least 1064",
+    ):
+        methods(("memory",), ("88%",), length=1024, scorer_root=tmp_path)
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """Two sequences, `memory` (the shipped scorer) and `window` at 88%, all protocols."""
@@ -179,7 +212,5 @@ def test_cli_refuses_report_only_without_results_and_bad_choices(tmp_path, capsy
 
 
 def test_missing_scorer_is_named():
-    from kvpop_compile.evaluation.methods import build_model
-
     with pytest.raises(FileNotFoundError, match="no trained memory scorer for capacity 512"):
         build_model(tiny_qwen3(), Method("memory", "75%"), scorer_root="/nonexistent")

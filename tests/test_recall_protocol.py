@@ -15,9 +15,9 @@ from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import (
     Method,
     budget_config,
+    method_notes,
     methods,
     scorer_folder,
-    span_notes,
 )
 from kvpop_compile.evaluation.protocols import greedy_continuation
 from kvpop_compile.evaluation.recall import (
@@ -152,15 +152,20 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     ]  # fmt: skip
     assert spread[1].record() == {"policy": "memory", "budget": "88%", "priority_span": 3}
     assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
-    assert span_notes({m.name: m.record() for m in spread}) == [
+    assert method_notes({m.name: m.record() for m in spread}) == [
         "priority_span 3: memory @ 88% spread each token's score over the tokens that leave the "
         "window after it; full attention and the heuristic policies run without it"
     ]
-    assert span_notes({m.name: m.record() for m in methods(["memory"], ["88%"])}) == []
+    assert method_notes({m.name: m.record() for m in methods(["memory"], ["88%"])}) == []
     saved = {"full": {"policy": None, "budget": None}, "memory @ 88%": spread[1].record()}
     settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=1, protocols=("prefill",))
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
                        "priority_span 3, this run asks 0"):  # fmt: skip
+        run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
+    # Nor one run at another window (a scorer saved with a wider one).
+    saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "window": 128}
+    with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
+                       "window 128, this run asks 64"):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
     # A row measured with another trained scorer is not this run's either.
     saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "scorer_sha256": "0" * 64}

@@ -23,18 +23,23 @@ def _script():
     return module
 
 
-def test_a_scorer_trained_at_256_is_saved_for_512_with_the_same_weights(tmp_path):
+def test_a_scorer_trained_at_256_is_saved_for_512_and_a_wider_window_with_the_same_weights(
+    tmp_path,
+):
     torch.manual_seed(0)
     common = ["--policies", "mlp", "--steps", "1", "--batch-size", "1", "--eval-sequences", "1",
               "--eval-every", "1", "--priority-span", "3",
               "--work", str(tmp_path / "work")]  # fmt: skip
+    with pytest.raises(SystemExit, match="--windows gives 2 windows for 1 --capacities 512"):
+        _script().main([*common, "--capacities", "512", "--windows", "256", "64"])
     _script().main([*common, "--capacities", "512", "--train-capacity", "256",
-                    "--out", str(tmp_path / "out")])  # fmt: skip
+                    "--windows", "256", "--out", str(tmp_path / "out")])  # fmt: skip
     folder = tmp_path / "out" / "mlp-512"
-    # Saved for the capacity it serves: eval and demo transform with this config.
-    assert saved_config(folder) == budget_config("mlp", 512, priority_span=3)
+    # Saved for the capacity and window it serves: eval and demo transform with this config.
+    assert saved_config(folder) == budget_config("mlp", 512, priority_span=3, window=256)
     record = json.loads((folder / "training.json").read_text())
-    assert (record["capacity"], record["trained_at_capacity"], record["topk"]) == (512, 256, 444)
+    assert (record["capacity"], record["trained_at_capacity"], record["topk"]) == (512, 256, 252)
+    assert (record["window"], record["trained_with_window"]) == (256, 64)
     # The weights are the ones trained at 256 (the work folder's scorer), and they load.
     trained = read_tensors(tmp_path / "work" / "mlp-256" / "scorer")
     saved = read_tensors(folder)

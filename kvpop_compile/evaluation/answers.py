@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..atomic import atomic_write
 from ..config import require_int
 from .benchmark import versions
-from .methods import SINKS, WINDOW, Method, build_model, check_scorers
+from .methods import SINKS, WINDOW, Method, build_model, check_scorers, method_notes
 from .own_data import AnswerItem
 from .protocols import model_cache
 from .recall import feed_tokens, greedy_tokens
@@ -141,7 +141,8 @@ def _document(results: dict, summary: dict) -> str:
         "cache, then the answer's length in tokens is decoded greedily; an item counts when "
         "every token equals the answer's. Budgets are sized for "
         f"{results['length']}-token contexts: {budgets} per layer and KV head, with "
-        f"{SINKS} sinks and a window of {WINDOW} inside them. Prompts are "
+        f"{SINKS} sinks and a window of {WINDOW} inside them (a learned policy: the window its "
+        "scorer was saved with, where a note says so). Prompts are "
         f"{min(prompts)}–{max(prompts)} tokens (median {statistics.median(prompts):g}); "
         f"{compressed} (only those lose anything to eviction). Figures are exact matches in %, "
         "with 95% bootstrap intervals over items in brackets; retention is a method's exact "
@@ -149,7 +150,8 @@ def _document(results: dict, summary: dict) -> str:
         "",
         answers_markdown(results, summary),
     ]
-    lines += report_footer(results, results.get("run_notes", []))
+    notes = method_notes(results["methods"]) + results.get("run_notes", [])
+    lines += report_footer(results, notes)
     return "\n".join(lines)
 
 

@@ -3,8 +3,10 @@
 Budgets are named by the compression of the benchmark's sequence: at "75%" each layer and KV
 head keeps a quarter of the sequence's tokens (512 of :data:`~.data.SEQUENCE_LENGTH` = 2048), at
 "88%" an eighth (256, 12.5%); a shorter or longer sequence scales the capacity with it. Sinks
-and window are counted inside the budget. Every policy runs at the same sinks and window, so a
-method differs from another only in how it fills the pool.
+and window are counted inside the budget. The heuristics run at :data:`SINKS` sinks and a
+:data:`WINDOW`-token window; a learned policy runs at the window its trained scorer was saved
+with (a window is part of what a scorer was chosen for, like its ``priority_span``), and that
+is :data:`WINDOW` too unless its ``scorer.json`` says otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ KEPT_FRACTION = {"75%": 4, "88%": 8}
 """Compression label -> how many times the sequence is longer than the capacity."""
 
 
+_UNWRITTEN = {"priority_span": 0, "window": WINDOW}
+"""A method's settings that :meth:`Method.record` leaves out of a file when they take these
+values, as every row did before they could differ."""
+
+
 def capacities(length: int = SEQUENCE_LENGTH) -> dict[str, int]:
     """Compression label -> capacity (tokens kept per layer and KV head) for sequences of
     ``length`` tokens."""
@@ -41,15 +48,19 @@ EMBEDDED_SCORERS = Path(__file__).resolve().parents[1] / "embedded" / "scorers"
 """Folder of the scorers trained for the embedded model, one sub-folder per policy and budget."""
 
 
-def budget_config(policy: str, capacity: int, priority_span: int = 0) -> KVpopConfig:
-    """The benchmark's config for ``policy`` keeping ``capacity`` tokens."""
-    if capacity <= SINKS + WINDOW:
+def budget_config(
+    policy: str, capacity: int, priority_span: int = 0, window: int = WINDOW
+) -> KVpopConfig:
+    """The benchmark's config for ``policy`` keeping ``capacity`` tokens: :data:`SINKS` sinks,
+    the ``window`` most recent tokens, and a pool of the rest."""
+    require_int("window", window, 1)
+    if capacity <= SINKS + window:
         raise ValueError(
-            f"capacity must exceed sinks + window = {SINKS + WINDOW} so that the pool has a "
+            f"capacity must exceed sinks + window = {SINKS + window} so that the pool has a "
             f"slot, got {capacity}"
         )
     return KVpopConfig(
-        sinks=SINKS, window=WINDOW, topk=capacity - SINKS - WINDOW, scorer=policy,
+        sinks=SINKS, window=window, topk=capacity - SINKS - window, scorer=policy,
         priority_span=priority_span,
     )  # fmt: skip
 
@@ -63,19 +74,21 @@ def scorer_folder(policy: str, capacity: int, root: str | Path | None = None) ->
 class Method:
     """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention) of
     sequences of ``length`` tokens, its scores spread over ``priority_span`` tokens
-    (``KVpopConfig.priority_span``)."""
+    (``KVpopConfig.priority_span``), the ``window`` most recent tokens always kept."""
 
     policy: str | None
     budget: str | None
     length: int = SEQUENCE_LENGTH
     priority_span: int = 0
+    window: int = WINDOW
 
     def record(self) -> dict:
-        """What a results file says of the method: policy, budget, and a span when there is
-        one (so files of runs without it read as before)."""
+        """What a results file says of the method: policy, budget, and a span or window where
+        they differ from the defaults (so files of runs without them read as before)."""
         record: dict = {"policy": self.policy, "budget": self.budget}
-        if self.priority_span:
-            record["priority_span"] = self.priority_span
+        for key, default in _UNWRITTEN.items():
+            if getattr(self, key) != default:
+                record[key] = getattr(self, key)
         return record
 
     def differs_from(
@@ -84,10 +97,9 @@ class Method:
         """The first field of ``record`` (default :meth:`record`; a run may add fields such as
         its scorer's digest) on which ``saved`` (a results file's row) describes another method,
         as ``(field, saved value, this method's)``; None when it is this one."""
-        unwritten = {"priority_span": 0}  # what record() leaves out of a file
-        ours = {**unwritten, **(self.record() if record is None else record)}
+        ours = {**_UNWRITTEN, **(self.record() if record is None else record)}
         for key, value in ours.items():
-            theirs = saved.get(key, unwritten.get(key))
+            theirs = saved.get(key, _UNWRITTEN.get(key))
             if theirs != value:
                 return key, theirs, value
         return None
@@ -112,7 +124,9 @@ def methods(
     learned ones spreading their scores over ``priority_span`` tokens (the heuristics run as
     published, so that they stay the baselines they are named after). ``priority_span`` None:
     each learned method takes the span its trained scorer under ``scorer_root`` was saved with
-    (default root: the scorers shipped with the embedded model).
+    (default root: the scorers shipped with the embedded model). A learned method keeps the
+    window its trained scorer was saved with, whatever ``priority_span`` says; every other
+    method keeps :data:`WINDOW`.
 
     Unknown names raise ``ValueError``, and so does a ``length`` that leaves a budget no pool
     slot beyond the sinks and window.
@@ -123,49 +137,58 @@ def methods(
     for policy in policies:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    kept = capacities(length)
-    for budget in budgets:
-        if kept[budget] <= SINKS + WINDOW:
-            shortest = (SINKS + WINDOW + 1) * KEPT_FRACTION[budget]
-            raise ValueError(
-                f"sequence length {length} keeps {kept[budget]} tokens at the {budget} budget, "
-                f"but a budget must exceed sinks + window = {SINKS + WINDOW}; use a length of "
-                f"at least {shortest}"
-            )
     if priority_span is not None:
         require_int("priority_span", priority_span, 0)
+    kept = capacities(length)
 
-    def span(policy: str, budget: str) -> int:
-        if not ScorerKind(policy).learned:
-            return 0
-        if priority_span is not None:
-            return priority_span
-        return saved_span(scorer_folder(policy, kept[budget], scorer_root))
+    def saved(policy: str, budget: str) -> KVpopConfig | None:
+        """The config a learned policy's scorer for ``budget`` was saved with; None for a
+        heuristic, or where there is no scorer (a learned method without one is refused by
+        name before anything runs: :func:`check_scorers`)."""
+        folder = scorer_folder(policy, kept[budget], scorer_root)
+        return saved_config(folder) if ScorerKind(policy).learned and folder.is_dir() else None
 
-    return [Method(None, None, length)] + [
-        Method(p, b, length, span(p, b)) for b in budgets for p in policies
-    ]
+    def method(policy: str, budget: str) -> Method:
+        config = saved(policy, budget)
+        span = priority_span if ScorerKind(policy).learned else 0
+        if span is None:
+            span = config.priority_span if config is not None else 0
+        window = config.window if config is not None else WINDOW
+        return Method(policy, budget, length, span, window)
+
+    listed = [Method(None, None, length)] + [method(p, b) for b in budgets for p in policies]
+    for m in listed[1:]:
+        if m.capacity <= SINKS + m.window:
+            shortest = (SINKS + m.window + 1) * KEPT_FRACTION[m.budget]
+            raise ValueError(
+                f"sequence length {length} keeps {m.capacity} tokens at the {m.budget} budget, "
+                f"but {m.name} needs more than sinks + window = {SINKS + m.window}; use a "
+                f"length of at least {shortest}"
+            )
+    return listed
 
 
-def saved_span(folder: Path) -> int:
-    """The ``priority_span`` the scorer in ``folder`` was saved with; 0 where there is no
-    scorer (a learned method without one is refused by name before anything runs:
-    :func:`check_scorers`)."""
-    return saved_config(folder).priority_span if folder.is_dir() else 0
-
-
-def span_notes(records: dict) -> list[str]:
-    """A line naming the methods of ``records`` (a results file's ``methods``) that spread their
-    scores (``priority_span``); none when no method did."""
+def method_notes(records: dict) -> list[str]:
+    """Lines naming the methods of ``records`` (a results file's ``methods``) that spread their
+    scores (``priority_span``) or keep another window than :data:`WINDOW`; none when no
+    method did."""
+    notes = []
     spread = {name: r["priority_span"] for name, r in records.items() if r.get("priority_span")}
-    if not spread:
-        return []
-    spans = sorted(set(spread.values()))
-    return [
-        f"priority_span {', '.join(map(str, spans))}: {', '.join(spread)} spread each token's "
-        "score over the tokens that leave the window after it; full attention and the "
-        "heuristic policies run without it"
-    ]
+    if spread:
+        spans = sorted(set(spread.values()))
+        notes.append(
+            f"priority_span {', '.join(map(str, spans))}: {', '.join(spread)} spread each "
+            "token's score over the tokens that leave the window after it; full attention and "
+            "the heuristic policies run without it"
+        )
+    wider = {name: r["window"] for name, r in records.items() if r.get("window", WINDOW) != WINDOW}
+    if wider:
+        windows = ", ".join(f"{name} {window}" for name, window in wider.items())
+        notes.append(
+            f"window (the most recent tokens always kept, inside the budget): {windows}, the "
+            f"window each trained scorer was saved with; every other method keeps {WINDOW}"
+        )
+    return notes
 
 
 def runnable_policies(
@@ -228,7 +251,7 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     """
     if method.policy is None:
         return original
-    config = budget_config(method.policy, method.capacity, method.priority_span)
+    config = budget_config(method.policy, method.capacity, method.priority_span, method.window)
     model = transform(copy.deepcopy(original), config)
     if config.scorer.learned:
         load_scorer(model, trained_scorer(method, scorer_root))

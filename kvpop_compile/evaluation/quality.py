@@ -12,7 +12,7 @@ from pathlib import Path
 from ..atomic import atomic_write
 from .benchmark import EvalSettings, run_eval
 from .data import SEQUENCE_LENGTH, Sequence, held_out_sequences
-from .methods import BUDGETS, POLICIES, capacities, methods, span_notes
+from .methods import BUDGETS, POLICIES, capacities, method_notes, methods
 from .report import markdown_tables, report_footer, summarize, summarize_kvpress
 
 KVPRESS_RESULTS = "kvpress.json"
@@ -144,7 +144,7 @@ def write_report(results: dict, out_dir: str | Path, *, plots: bool = True) -> d
     kvpress_file = out / KVPRESS_RESULTS
     if kvpress_file.is_file():
         kvpress, notes = summarize_kvpress(json.loads(kvpress_file.read_text()), results)
-    notes = span_notes(results["methods"]) + notes
+    notes = method_notes(results["methods"]) + notes
     text = json.dumps(results, indent=1) + "\n"
     atomic_write(out / "quality.json", lambda p: Path(p).write_text(text))
     document = _document(results, summary, kvpress, notes)
@@ -193,7 +193,8 @@ def _document(results: dict, summary: dict, kvpress: dict, notes: list[str]) -> 
         "# Quality benchmark",
         "",
         f"`kvpop-compile eval` on {results['model']}: {what}, budgets {budgets} per layer and "
-        f"KV head with 4 sinks and a window of {window} inside them. Figures are pooled over "
+        f"KV head with 4 sinks and a window of {window} inside them (a learned policy: the "
+        "window its scorer was saved with, where a note says so). Figures are pooled over "
         "sequences, with 95% bootstrap intervals over sequences in brackets; retention is the "
         "method's top-1 accuracy as a percentage of full attention's on the same targets. "
         f"{long_range} Continuation: {results['length'] - results['prompt_length']} greedy "

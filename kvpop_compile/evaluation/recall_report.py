@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from ..atomic import atomic_write
-from .methods import FULL, span_notes
+from .methods import FULL, method_notes
 from .recall_kvpress import load_kvpress_recall, summarize_kvpress_recall
 from .report import Estimate, _ratio
 
@@ -134,7 +134,7 @@ def recall_document(results: dict, kvpress: dict | None = None) -> str:
     kvpress_summary, notes = {}, []
     if kvpress is not None:
         kvpress_summary, notes = summarize_kvpress_recall(kvpress, results)
-    notes = span_notes(results["methods"]) + notes
+    notes = method_notes(results["methods"]) + notes
     model_name = results.get("model", "the embedded model")
     lengths = ", ".join(str(n) for n in results["lengths"])
     stretch = ", ".join(f"{n}: {s}" for n, s in results["stretch"].items())
