@@ -36,9 +36,9 @@ The shipped scorers: ``mlp`` first (the command its ``training.json`` records), 
 started from it::
 
     python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
-        --windows 256 64 --train-capacity 256 --recall-fraction 0.5 --target max \\
-        --priority-span 10 --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 \\
-        --steps 100 --eval-every 25 --select-items 32 --threads 1
+        --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 \\
+        --eval-every 25 --select-items 32 --threads 1
 """
 
 from __future__ import annotations
