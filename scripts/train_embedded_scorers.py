@@ -7,7 +7,7 @@
 Each scorer is trained with :func:`kvpop_compile.train_scorer` (the model frozen, the boundary
 loss against the future-attention target) on the embedded model's *training* files only, at the
 benchmark's budgets: 4 sinks and a window of 64 inside a capacity of 512 (75% compression of
-2048 tokens) or 256 (88%), saved for the window ``--windows`` names. Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
+2048 tokens) or 256 (88%). Each lands in ``<out>/<policy>-<capacity>/`` (``scorer.json``,
 ``scorer.safetensors``, ``training.json`` with the settings and the held-out ranking accuracy),
 written there only once complete. Work folders under ``--work`` hold checkpoints: a rerun resumes.
 
