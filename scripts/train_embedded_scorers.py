@@ -44,6 +44,7 @@ started from it::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import random
@@ -114,6 +115,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--windows", nargs="+", type=int, default=None,
         help="the window each saved scorer runs at, one per --capacities (default: "
         "--train-window); eval and demo run a scorer at the window it was saved with",
+    )  # fmt: skip
+    p.add_argument(
+        "--scorer-hidden", type=int, default=64,
+        help="hidden width of the scorers' readout MLP (KVpopConfig.scorer_hidden, 64)",
     )  # fmt: skip
     p.add_argument(
         "--init-from", type=Path, default=None, metavar="SCORER_FOLDER",
@@ -236,9 +241,12 @@ def main(argv=None) -> None:
     eval_fraction = args.eval_sequences / total
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
+            hidden = {"scorer_hidden": args.scorer_hidden}
             config = budget_config(policy, capacity, args.priority_span, window)
+            config = dataclasses.replace(config, **hidden)
             trained_at = args.train_capacity or capacity
             train_config = budget_config(policy, trained_at, args.priority_span, args.train_window)
+            train_config = dataclasses.replace(train_config, **hidden)
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
@@ -278,6 +286,7 @@ def main(argv=None) -> None:
                 "sinks": config.sinks,
                 "window": config.window,
                 "trained_with_window": train_config.window,
+                "scorer_hidden": config.scorer_hidden,
                 "topk": config.topk,
                 "steps": args.steps,
                 "batch_size": args.batch_size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -111,7 +112,7 @@ def test_a_learned_method_takes_the_span_its_scorer_was_saved_with(tmp_path):
     assert asked[1].priority_span == 2  # a span given outright wins
 
 
-def test_a_learned_method_keeps_the_window_its_scorer_was_saved_with(tmp_path):
+def test_a_learned_method_keeps_the_window_and_sizes_its_scorer_was_saved_with(tmp_path):
     wide = kc.transform(tiny_qwen3(), budget_config("memory", 256, window=128))
     kc.save_scorer(wide, tmp_path / "memory-256")
     listed = methods(("memory", "mlp", "random"), ("88%",), scorer_root=tmp_path)
@@ -127,6 +128,12 @@ def test_a_learned_method_keeps_the_window_its_scorer_was_saved_with(tmp_path):
         "window (the most recent tokens always kept, inside the budget): memory @ 88% 128, the "
         "window each trained scorer was saved with; every other method keeps 64"
     ]
+    # A scorer of other sizes than the defaults runs at its own sizes.
+    wider = budget_config("mlp", 256, window=128)
+    wider = dataclasses.replace(wider, scorer_hidden=16)
+    kc.save_scorer(kc.transform(tiny_qwen3(), wider), tmp_path / "mlp-256")
+    mlp = methods(("mlp",), ("88%",), scorer_root=tmp_path)[1]
+    assert build_model(tiny_qwen3(), mlp, scorer_root=tmp_path).kvpop_config == wider
     # A saved window the sequence length leaves no pool for is refused before anything runs.
     shutil.copytree(tmp_path / "memory-256", tmp_path / "memory-128")  # 88% of 1024 tokens
     with pytest.raises(

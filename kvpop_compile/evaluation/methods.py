@@ -12,6 +12,7 @@ is :data:`WINDOW` too unless its ``scorer.json`` says otherwise.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,11 @@ KEPT_FRACTION = {"75%": 4, "88%": 8}
 _UNWRITTEN = {"priority_span": 0, "window": WINDOW}
 """A method's settings that :meth:`Method.record` leaves out of a file when they take these
 values, as every row did before they could differ."""
+
+
+SCORER_SIZES = ("scorer_hidden", "memory_dim", "memory_value_dim")
+"""The :class:`KVpopConfig` fields that shape a scorer's tensors: a learned method takes them
+from its saved scorer, so that a scorer of any size a user trained runs in the benchmark."""
 
 
 def capacities(length: int = SEQUENCE_LENGTH) -> dict[str, int]:
@@ -247,12 +253,15 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     """``original`` itself for full attention; else a transformed copy with the method's policy.
 
     Learned policies load their trained scorer from ``scorer_root`` (default: the scorers
-    shipped with the embedded model); a missing one raises ``FileNotFoundError``.
+    shipped with the embedded model), built at the sizes it was saved with
+    (:data:`SCORER_SIZES`); a missing one raises ``FileNotFoundError``.
     """
     if method.policy is None:
         return original
     config = budget_config(method.policy, method.capacity, method.priority_span, method.window)
-    model = transform(copy.deepcopy(original), config)
-    if config.scorer.learned:
-        load_scorer(model, trained_scorer(method, scorer_root))
-    return model
+    if not config.scorer.learned:
+        return transform(copy.deepcopy(original), config)
+    folder = trained_scorer(method, scorer_root)
+    saved = saved_config(folder)
+    config = dataclasses.replace(config, **{size: getattr(saved, size) for size in SCORER_SIZES})
+    return load_scorer(transform(copy.deepcopy(original), config), folder)
