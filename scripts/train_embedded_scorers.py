@@ -16,10 +16,11 @@ ranks tokens at) and saves it for each of ``--capacities``: a scorer's prioritie
 depend on the pool's size, and one trained at the tighter budget ranks the few tokens a later
 question needs more sharply, which a larger pool then also holds.
 
-``--windows W ...`` (one per capacity) saves each scorer for a window of ``W`` most recent tokens
-instead of the one it was trained with (``--train-window``, 64): ``kvpop-compile eval`` and the
-demo run a scorer at the window it was saved with. A window is a choice of the budget's split, not
-of the weights: the scorer scores each token as it leaves the window, whenever that is.
+``--train-window W`` trains with a window of ``W`` most recent tokens (64), and ``--windows W
+...`` (one per capacity) saves each scorer for another window than that: ``kvpop-compile eval``
+and the demo run a scorer at the window it was saved with. A window is a choice of the budget's
+split, not of the weights: the scorer scores each token as it leaves the window, whenever that
+is. ``--scorer-hidden`` sets the readout MLP's width (64).
 
 ``--recall-fraction`` makes that share of the sequences long-range recall items of the training
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
@@ -32,13 +33,15 @@ the scorers at step 0 and at every evaluation, the one that answers the most of 
 per task exactly at the training capacity (prefill protocol). Those items are training-split items
 drawn with ``--select-seed``, never the training items' seed, and never held-out ones.
 
-The shipped scorers: ``mlp`` first (the command its ``training.json`` records), then ``memory``
-started from it::
+The shipped scorers: ``mlp`` first, then ``memory`` started from it, with a window of 96::
 
-    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
+    python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \\
         --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
-        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 \\
-        --eval-every 25 --select-items 32 --threads 1
+        --scorer-hidden 256
+    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
+        --train-window 96 --train-capacity 256 --recall-fraction 0.5 --target max \\
+        --priority-span 10 --scorer-hidden 256 --init-from kvpop_compile/embedded/scorers/mlp-256 \\
+        --lr 3e-4 --steps 100 --eval-every 25 --select-items 32 --threads 1
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     assert example.item.answer[-4:] in evidence[0]
     assert f"the answer follows from {evidence[0].decode().strip()!r}" in "\n".join(result.report())
     report = "\n".join(result.report())
-    assert "4 sinks + 64 window + 188 pool = 256 tokens" in report and "(75% compression)" in report
+    assert "4 sinks + 96 window + 156 pool = 256 tokens" in report and "(75% compression)" in report
     # The shipped scorer was saved with its score spread, and KVpop runs with it; the heuristic
     # runs as published.
     kvpop, heuristic = (c.config for c in result.contenders[1:])

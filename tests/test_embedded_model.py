@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -116,13 +117,15 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     from kvpop_compile.scorer_io import saved_config
 
     folder = scorer_folder(policy, BUDGETS[budget])
-    # the README documents the shipped scorers as trained and saved with priority_span 10 and
-    # the benchmark's window of 64
-    assert saved_config(folder) == budget_config(policy, BUDGETS[budget], priority_span=10)
+    # the README documents the shipped scorers as saved with priority_span 10, a readout 256
+    # wide, and windows of 64 (mlp) and 96 (memory)
+    window = {"mlp": 64, "memory": 96}[policy]
+    config = budget_config(policy, BUDGETS[budget], priority_span=10, window=window)
+    assert saved_config(folder) == dataclasses.replace(config, scorer_hidden=256)
     record = json.loads((folder / "training.json").read_text())
     assert record["policy"] == policy and record["held_out_ranking"]
     assert record["priority_span"] == 10 and record["capacity"] == BUDGETS[budget]
-    assert record["window"] == 64
+    assert (record["window"], record["scorer_hidden"]) == (window, 256)
     tensors = load_file(folder / "scorer.safetensors")
     assert {name.split(".")[1] for name in tensors} == {"0", "1", "2", "3"}  # one per layer
     assert all(torch.isfinite(t).all() for t in tensors.values())

@@ -109,7 +109,8 @@ def test_a_cut_off_run_resumes_where_it_stopped(model, tmp_path):
     missing methods, and other policies add rows to the saved run."""
     settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=2, batch=2,
                               protocols=("prefill",))  # fmt: skip
-    full, window, memory = Method(None, None), Method("window", "88%"), Method("memory", "88%")
+    full, window = Method(None, None), Method("window", "88%")
+    memory = methods(["memory"], ["88%"])[1]  # at the window its shipped scorer was saved with
     # The memory scorer is missing from this root: the run stops at its third method.
     with pytest.raises(FileNotFoundError, match="no trained memory scorer"):
         evaluate_recall(model, tmp_path, methods=[full, window, memory], settings=settings,
@@ -150,13 +151,16 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     assert [(m.name, m.priority_span) for m in spread] == [
         ("full", 0), ("memory @ 88%", 3), ("h2o @ 88%", 0),  # a heuristic runs as published
     ]  # fmt: skip
-    assert spread[1].record() == {"policy": "memory", "budget": "88%", "priority_span": 3}
+    # (the shipped memory-256 scorer was saved with a 96-token window, which the row records)
+    assert spread[1].record() == {
+        "policy": "memory", "budget": "88%", "priority_span": 3, "window": 96,
+    }  # fmt: skip
     assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
-    assert method_notes({m.name: m.record() for m in spread}) == [
+    assert method_notes({m.name: m.record() for m in spread})[0] == (
         "priority_span 3: memory @ 88% spread each token's score over the tokens that leave the "
         "window after it; full attention and the heuristic policies run without it"
-    ]
-    assert method_notes({m.name: m.record() for m in methods(["memory"], ["88%"])}) == []
+    )
+    assert method_notes({m.name: m.record() for m in methods(["h2o"], ["88%"])}) == []
     saved = {"full": {"policy": None, "budget": None}, "memory @ 88%": spread[1].record()}
     settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=1, protocols=("prefill",))
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
@@ -165,10 +169,12 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     # Nor one run at another window (a scorer saved with a wider one).
     saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "window": 128}
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
-                       "window 128, this run asks 64"):  # fmt: skip
+                       "window 128, this run asks 96"):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
     # A row measured with another trained scorer is not this run's either.
-    saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "scorer_sha256": "0" * 64}
+    saved["memory @ 88%"] = {
+        "policy": "memory", "budget": "88%", "window": 96, "scorer_sha256": "0" * 64,
+    }  # fmt: skip
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
                        f"scorer_sha256 {'0' * 64}"):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)

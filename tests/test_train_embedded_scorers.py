@@ -55,7 +55,7 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
     mlp = scorer_folder("mlp", 256)
     common = ["--policies", "memory", "--capacities", "256", "--steps", "1", "--batch-size", "1",
               "--eval-sequences", "1", "--eval-every", "1", "--priority-span", "10",
-              "--init-from", str(mlp), "--select-items", "1",
+              "--init-from", str(mlp), "--select-items", "1", "--scorer-hidden", "256",
               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
     with pytest.raises(SystemExit, match="--select-seed 0 equals --seed"):
         _script().main([*common, "--select-seed", "0", "--recall-fraction", "0.5"])
