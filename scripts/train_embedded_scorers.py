@@ -203,6 +203,13 @@ def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: in
     return select
 
 
+def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConfig:
+    """The benchmark's config for ``policy`` at ``capacity`` and ``window``, with the run's
+    ``--priority-span`` and ``--scorer-hidden``."""
+    config = budget_config(policy, capacity, args.priority_span, window)
+    return dataclasses.replace(config, scorer_hidden=args.scorer_hidden)
+
+
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
     """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
     ``config`` (``model`` transformed with it carries the weights, whatever capacity and window
@@ -244,12 +251,9 @@ def main(argv=None) -> None:
     eval_fraction = args.eval_sequences / total
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
-            hidden = {"scorer_hidden": args.scorer_hidden}
-            config = budget_config(policy, capacity, args.priority_span, window)
-            config = dataclasses.replace(config, **hidden)
             trained_at = args.train_capacity or capacity
-            train_config = budget_config(policy, trained_at, args.priority_span, args.train_window)
-            train_config = dataclasses.replace(train_config, **hidden)
+            config = scorer_config(policy, capacity, window, args)
+            train_config = scorer_config(policy, trained_at, args.train_window, args)
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
