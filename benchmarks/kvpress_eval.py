@@ -7,7 +7,7 @@ benchmark sequences and summarises what it measures into one JSON file that the 
 benchmark reads::
 
     python benchmarks/kvpress_eval.py [--sequences 64] [--venv .venv-kvpress]
-        [--out benchmarks/results/kvpress.json]
+        [--model FOLDER] [--out benchmarks/results/kvpress.json]
 
 With ``--recall`` it asks the recall benchmark's held-out items instead (the same items, built
 by the same call as ``kvpop-compile eval --recall``), and the recall report reads the result::
@@ -316,10 +316,10 @@ def write_summary(out: Path, summary: dict) -> None:
     atomic_write(out, lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=1)))
 
 
-def _embedded_weights_sha256() -> str:
-    """The fingerprint of the embedded model's weights that ``kvpop-compile eval`` records
-    (``model_sha256``): the recall report joins kvpress rows only from the same weights."""
-    return weights_sha256(load_embedded_model(path=EMBEDDED_MODEL))
+def _weights_sha256(model: Path) -> str:
+    """The fingerprint of ``model``'s weights that ``kvpop-compile eval`` records
+    (``model_sha256``): the reports join kvpress rows only from the same weights."""
+    return weights_sha256(load_embedded_model(path=model))
 
 
 def run_sequences(args: argparse.Namespace, python: Path) -> None:
@@ -328,7 +328,7 @@ def run_sequences(args: argparse.Namespace, python: Path) -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        sha256 = snapshot_checkpoint(EMBEDDED_MODEL, scratch / "model")
+        sha256 = snapshot_checkpoint(args.model, scratch / "model")
         job = {
             "model": str(scratch / "model"),
             "sequences": [s.ids.tolist() for s in sequences],
@@ -345,7 +345,7 @@ def run_sequences(args: argparse.Namespace, python: Path) -> None:
         budgets={"0%": PROMPT_LENGTH, **BUDGETS},
         window=WINDOW,
         checkpoint_sha256=sha256,
-        model_sha256=_embedded_weights_sha256(),
+        model_sha256=_weights_sha256(args.model),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)
@@ -364,7 +364,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        sha256 = snapshot_checkpoint(EMBEDDED_MODEL, scratch / "model")
+        sha256 = snapshot_checkpoint(args.model, scratch / "model")
         config = json.loads((scratch / "model" / "config.json").read_text())
         max_positions = config["max_position_embeddings"]
         protocols = runnable_protocols(args.protocols, args.lengths, max_positions)
@@ -382,7 +382,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         budgets={str(n): capacities(n) for n in args.lengths},
         decode_interval=DECODE_INTERVAL,
         checkpoint_sha256=sha256,
-        model_sha256=_embedded_weights_sha256(),
+        model_sha256=_weights_sha256(args.model),
         elapsed_s=round(time.perf_counter() - start, 1),
     )
     write_summary(args.out, summary)
@@ -431,6 +431,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16, help="recall items per forward")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-kvpress")
     parser.add_argument(
+        "--model", type=Path, default=EMBEDDED_MODEL,
+        help="byte-level Qwen3 checkpoint folder (default: the embedded model)",
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, help="results file (benchmarks/results/kvpress.json, or "
         "kvpress_recall.json with --recall)",
     )  # fmt: skip
@@ -438,6 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("sequences", "items", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there; give a checkpoint folder")
     if args.out is None:
         name = "kvpress_recall.json" if args.recall else "kvpress.json"
         args.out = ROOT / "benchmarks/results" / name

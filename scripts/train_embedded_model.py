@@ -31,6 +31,15 @@ one: its answer loss stayed at chance for 450 steps when only the answer was wei
 it first. The held-out report adds full-attention exact
 match on held-out recall items per task and length.
 
+``--recall-stretch-fraction`` asks that share of the recall rows the way the benchmark's decode
+protocol does: a 1024-byte item whose question comes after 1024 bytes standing for the model's
+own greedy text (training code, then a short phrase or line repeated, as greedy decoding of this
+model loops). A model trained only on questions right after code answered ``chain`` after its
+own loop with the first hop alone (``assert b == `` → ``a`` and a new line). The stretch's bytes
+are left out of the next-byte loss: the model should read past a loop, not learn to write one.
+The held-out report then adds the decode protocol's exact match with the model's real greedy
+stretch (``RECALL_DECODE_ITEMS`` per task).
+
 ``--copy-steps`` first trains that many steps on rows of a random string of 8-32 letters and
 digits repeated (``copy_batch``). The text-trained model cannot copy at all: a block of code
 repeated costs as much the second time as the first. Recall needs copying, and neither moved in
@@ -61,9 +70,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 from embedded_model.card import command_line, model_card, run_argv, save, this_run  # noqa: E402
 from embedded_model.data_mix import LONG_LEN, training_stream  # noqa: E402
 from embedded_model.evaluation import (  # noqa: E402
+    RECALL_DECODE_ITEMS,
     RECALL_EVAL_ITEMS,
     RECALL_MONITOR_ITEMS,
     evaluate,
+    evaluate_decode_recall,
     evaluate_recall,
     held_out_recall,
     held_out_sequences,
@@ -140,6 +151,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tasks a recall item draws from, uniformly (repeat one to weight it)",
     )
     p.add_argument(
+        "--recall-stretch-fraction",
+        type=float,
+        default=0.0,
+        help="share of recall rows asked after a stretch standing for generated text",
+    )
+    p.add_argument(
         "--copy-steps", type=int, default=0, help="first steps on repeated random strings"
     )
     p.add_argument("--checkpoint-every", type=float, default=10.0, help="minutes (0: never)")
@@ -158,6 +175,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"--batch-tokens must be >= {LONG_LEN}, got {args.batch_tokens}")
     if not 0.0 <= args.recall_fraction <= 1.0:
         raise SystemExit(f"--recall-fraction must be in [0, 1], got {args.recall_fraction}")
+    if not 0.0 <= args.recall_stretch_fraction <= 1.0:
+        raise SystemExit(
+            f"--recall-stretch-fraction must be in [0, 1], got {args.recall_stretch_fraction}"
+        )
     lengths = args.recall_lengths.split(",")
     if not all(n.isdigit() and int(n) in TRAINING_LENGTHS for n in lengths):
         raise SystemExit(
@@ -248,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     alone = report["last_bucket_alone"]
     log(f"  last bucket alone: NLL {alone['nll']:.4f}, accuracy {alone['accuracy']:.4f}")
     log(f"held-out recall exact match: {recall_line(report['recall'])}")
+    report["recall_decode"] = evaluate_decode_recall(model, RECALL_DECODE_ITEMS)
+    log(f"held-out recall exact match, decode protocol: {recall_line(report['recall_decode'])}")
 
     split = {
         "rule": f"held out iff int(sha256(relative POSIX path).hexdigest(), 16) % "

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from benchmarks.kvpress_eval import (
     DECODE_INTERVAL,
+    main,
     question_cut,
     recall_groups,
     recall_job,
@@ -166,6 +167,13 @@ def test_driver_asks_the_recall_benchmarks_items():
 def test_decode_protocol_is_left_out_where_no_stretch_fits():
     assert runnable_protocols(("prefill", "decode"), (2048,), 2048) == ("prefill",)
     assert runnable_protocols(("prefill", "decode"), (1024, 2048), 2048) == ("prefill", "decode")
+
+
+def test_a_model_folder_without_a_config_is_refused_before_any_venv_is_made(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", str(tmp_path), "--venv", str(tmp_path / "venv")])
+    assert f"--model {tmp_path}: no config.json there" in capsys.readouterr().err
+    assert not (tmp_path / "venv").exists()
 
 
 def test_items_with_different_question_starts_are_refused():

@@ -13,8 +13,8 @@ from kvpop_compile.atomic import replace_folder
 from kvpop_compile.embedded.corpus import HELD_OUT_MODULUS
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS
 
-from .data_mix import COPY_LEN, LONG_LEN, SHORT_LEN
-from .evaluation import BUCKET, EVAL_LEN, RECALL_EVAL_ITEMS
+from .data_mix import COPY_LEN, LONG_LEN, LOOP_UNIT, SHORT_LEN, STRETCH_ITEM_LEN
+from .evaluation import BUCKET, EVAL_LEN, RECALL_DECODE_ITEMS, RECALL_EVAL_ITEMS
 from .training_loop import Progress
 
 
@@ -55,6 +55,8 @@ def this_run(args, argv, done: Progress) -> dict:
         "recall_tasks": args.recall_tasks,
         "recall_weight": args.recall_weight,
         "recall_items": done.recall_items,
+        "recall_stretch_fraction": args.recall_stretch_fraction,
+        "stretch_items": done.stretch_items,
         "steps_copy": done.steps_copy,
         "steps_short": done.steps_short,
         "steps_long": done.steps_long,
@@ -74,7 +76,7 @@ def model_card(args, config, n_params, files, runs, report, stats) -> str:
     )
     early, late = report["buckets"][0], report["buckets"][-1]
     alone = report["last_bucket_alone"]
-    recall = recall_section(report["recall"], runs)
+    recall = recall_section(report["recall"], runs, report.get("recall_decode"))
     return f"""# qwen3-stdlib
 
 A byte-level `Qwen3ForCausalLM` ({n_params:,} parameters) trained from scratch on the Python
@@ -151,8 +153,9 @@ VALUE_ONLY_CHAIN_RUNS = (3, 4)
 """Runs (1-based) trained while ``chain`` items were answered by the value alone."""
 
 
-def recall_section(recall: dict, runs: list[dict]) -> str:
-    """The card's account of the recall items trained on and the held-out exact match."""
+def recall_section(recall: dict, runs: list[dict], decode: dict | None = None) -> str:
+    """The card's account of the recall items trained on and the held-out exact match
+    (``decode``: asked the decode protocol's way, where the report has it)."""
     trained = [r for r in runs if r.get("recall_items")]
     lengths = [str(n) for n in CONTEXT_LENGTHS]
     table = "\n".join(
@@ -184,6 +187,22 @@ Runs {" and ".join(map(str, early))} asked chain items for the value alone (`pri
 as the asked one, which a 4-layer model reading both hops in one forward pass did not get past.
 Later runs and the benchmark ask for the hop written out (`assert b == ` → `a == 4821`), so
 that each step of the answer is a lookup of one name."""
+        stretched = [r for r in runs if r.get("stretch_items")]
+        if stretched:
+            share = ", ".join(
+                f"run {runs.index(r) + 1}: {r['stretch_items']:,} items "
+                f"({r['recall_stretch_fraction']:.0%} of its recall rows)"
+                for r in stretched
+            )
+            how += f"""
+
+Some recall rows were asked the way the benchmark's decode protocol asks ({share}): one
+{STRETCH_ITEM_LEN}-byte item whose question comes after {LONG_LEN - STRETCH_ITEM_LEN} bytes
+standing for the model's own greedy text: training code of random length, then a unit of
+{LOOP_UNIT[0]}-{LOOP_UNIT[1]} bytes cut from just before it, repeated to the end of the stretch.
+Greedy decoding of this model settles into such a loop (`a string a string …`), and a model
+never asked a question after one answered `chain` with the first hop alone. The stretch's bytes
+are left out of the next-byte loss."""
         copied = [r for r in runs if r.get("steps_copy")]
         if copied:
             steps = ", ".join(f"run {runs.index(r) + 1}: {r['steps_copy']}" for r in copied)
@@ -215,6 +234,23 @@ and context length (bytes):
 | task | {" | ".join(lengths)} |
 |---|{"---|" * len(lengths)}
 {table}
+{decode_section(decode)}"""
+
+
+def decode_section(decode: dict | None) -> str:
+    """The card's decode-protocol table, or nothing for a report without one."""
+    if decode is None:
+        return ""
+    length = next(iter(decode[TASKS[0]]))
+    rows = "\n".join(f"| `{task}` | {decode[task][length]:.3f} |" for task in TASKS)
+    return f"""
+Asked as the benchmark's decode protocol asks: the context up to the question, then as many
+tokens as the context has generated greedily by the model itself, then the question;
+{RECALL_DECODE_ITEMS} held-out items per task at {length} bytes, full attention:
+
+| task | {length} |
+|---|---|
+{rows}
 """
 
 

@@ -7,11 +7,14 @@ from transformers import Qwen3ForCausalLM
 
 from kvpop_compile.embedded.corpus import encode, read_bytes
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, recall_items
+from kvpop_compile.evaluation.recall import answer_exactly, decode_stretch
 
 EVAL_LEN = 2048
 BUCKET = 512  # the held-out report splits positions into buckets of this many tokens
 RECALL_EVAL_ITEMS = 64  # held-out recall items per task and length in the final report
 RECALL_MONITOR_ITEMS = 16  # per task at 2048, measured at every checkpoint to follow progress
+RECALL_DECODE_ITEMS = 16  # per task, asked the decode protocol's way in the final report
+RECALL_DECODE_LENGTH = 1024  # the decode protocol's item length (the stretch fills the rest)
 
 
 def held_out_sequences(files: list[str], limit: int) -> torch.Tensor:
@@ -104,6 +107,22 @@ def evaluate_recall(model: Qwen3ForCausalLM, cells: dict, batch: int = 8) -> dic
                 first = len(it.prompt) - 1  # the target after the prompt's last byte
                 hits += bool((guess[row, first:] == ids[row, first + 1 :]).all())
         report.setdefault(task, {})[str(length)] = hits / len(items)
+    return report
+
+
+@torch.no_grad()
+def evaluate_decode_recall(model: Qwen3ForCausalLM, items_per_task: int) -> dict:
+    """Full-attention exact match asked as the benchmark's decode protocol asks (the model's
+    own greedy stretch between context and question, :mod:`kvpop_compile.evaluation.recall`):
+    ``{task: {"1024": accuracy}}`` over held-out items. Decoding, not teacher forcing: the
+    stretch is whatever the model writes."""
+    model.eval()
+    stretch = decode_stretch(RECALL_DECODE_LENGTH, model.config.max_position_embeddings)
+    report: dict = {}
+    for task in TASKS:
+        items = recall_items("held_out", task, RECALL_DECODE_LENGTH, items_per_task)
+        exact = answer_exactly(model, items, "decode", stretch)
+        report[task] = {str(RECALL_DECODE_LENGTH): sum(exact) / len(exact)}
     return report
 
 

@@ -23,6 +23,7 @@ class Progress:
     tokens: int = 0
     seconds: float = 0.0
     recall_items: int = 0
+    stretch_items: int = 0
 
     def steps(self) -> int:
         return self.steps_copy + self.steps_short + self.steps_long
@@ -60,7 +61,13 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed + 1)
-    mix = RecallMix(args.recall_fraction, args.recall_lengths, args.recall_tasks, args.seed)
+    mix = RecallMix(
+        args.recall_fraction,
+        args.recall_lengths,
+        args.recall_tasks,
+        args.seed,
+        args.recall_stretch_fraction,
+    )
     budget = args.minutes * 60.0
     done = Progress()
     spent = 0.0  # seconds of training before this process (a resumed run)
@@ -113,8 +120,9 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         )
         loss = per_byte.mean()
         answer_loss = None
-        if recall is not None and recall[0].any():
-            questions, answers = (mask.reshape(-1) for mask in recall)
+        if recall is not None and recall.questions.any():
+            questions, answers = recall.questions.reshape(-1), recall.answers.reshape(-1)
+            loss = per_byte[~recall.stretch.reshape(-1)].mean()
             loss = loss + args.recall_weight * per_byte[questions].mean()
             answer_loss = per_byte[answers].detach().mean()  # logged: the part that is recall
         optimizer.zero_grad(set_to_none=True)
