@@ -70,6 +70,22 @@ class RecallMasks:
     """The synthetic stretches' bytes, left out of the next-byte loss: a loop is not text the
     model should learn to write, only text it should learn to read past."""
 
+    @classmethod
+    def empty(cls, ids: torch.Tensor) -> RecallMasks:
+        """All-false masks for ``ids`` (batch, LONG_LEN + 1)."""
+        shape = (ids.shape[0], ids.shape[1] - 1)
+        return cls(*(torch.zeros(shape, dtype=torch.bool) for _ in range(3)))
+
+    def mark(self, row: int, prompt_end: int, item: RecallItem) -> None:
+        """Mark ``item``'s question and answer, whose prompt ends at byte ``prompt_end`` of
+        ``row``. Target j predicts byte j + 1, so the answer's bytes are targets from the
+        prompt's last byte on. A question starts on its own line, and is the only part of the
+        prompt after its last newline."""
+        first = prompt_end - 1
+        asked = first - (len(item.prompt) - 1 - item.prompt.rindex(b"\n"))
+        self.answers[row, first : first + len(item.answer)] = True
+        self.questions[row, asked : first + len(item.answer)] = True
+
 
 class RecallMix:
     """Replaces a share of the 2048-byte training rows with recall items from training files.
@@ -99,14 +115,13 @@ class RecallMix:
     def rows(self, ids: torch.Tensor, done: Progress) -> RecallMasks:
         """Overwrite some rows of ``ids`` (batch, LONG_LEN + 1) in place; masks of what they
         hold."""
-        questions = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
-        answers = torch.zeros_like(questions)
-        stretch = torch.zeros_like(questions)
+        masks = RecallMasks.empty(ids)
         for row in range(ids.shape[0]):
             if self.rng.random() >= self.fraction:
                 continue
+            # No draw at all without stretch rows: runs without them keep their item streams.
             if self.stretch_fraction and self.rng.random() < self.stretch_fraction:
-                ids[row] = self._stretch_row(row, questions, answers, stretch)
+                ids[row] = self._stretch_row(row, masks)
                 done.recall_items += 1
                 done.stretch_items += 1
                 continue
@@ -114,23 +129,15 @@ class RecallMix:
             data, start = b"", 0
             for _ in range(LONG_LEN // length):
                 item = self._item(self.rng.choice(self.tasks), length)
-                # Target j predicts byte j + 1, so the answer's bytes are targets from the
-                # prompt's last byte on. A question starts on its own line, and is the only
-                # part of the prompt after its last newline.
-                first = start + len(item.prompt) - 1
-                answers[row, first : first + len(item.answer)] = True
-                asked = start + item.prompt.rindex(b"\n")
-                questions[row, asked : first + len(item.answer)] = True
+                masks.mark(row, start + len(item.prompt), item)
                 data += item.prompt + item.answer
                 start += length
                 done.recall_items += 1
             # The row holds LONG_LEN + 1 bytes; a newline ends the last answer as code would.
             ids[row] = torch.frombuffer(bytearray(data + b"\n"), dtype=torch.uint8).long()
-        return RecallMasks(questions, answers, stretch)
+        return masks
 
-    def _stretch_row(
-        self, row: int, questions: torch.Tensor, answers: torch.Tensor, stretch: torch.Tensor
-    ) -> torch.Tensor:
+    def _stretch_row(self, row: int, masks: RecallMasks) -> torch.Tensor:
         """One item's context, a stretch, then its question and answer: (LONG_LEN + 1,) ids;
         marks the row's question, answer and stretch targets in the masks."""
         item = self._item(self.rng.choice(self.tasks), STRETCH_ITEM_LEN)
@@ -139,10 +146,8 @@ class RecallMix:
         words = re.findall(rb"\w+", item.prompt[cut:] + item.answer)
         filler = self.stretch(item.prompt[:cut], LONG_LEN - STRETCH_ITEM_LEN, words)
         data = item.prompt[:cut] + filler + item.prompt[cut:] + item.answer + b"\n"
-        stretch[row, cut - 1 : cut - 1 + len(filler)] = True
-        first = len(item.prompt) + len(filler) - 1  # the target after the prompt's last byte
-        answers[row, first : first + len(item.answer)] = True
-        questions[row, cut - 1 + len(filler) : first + len(item.answer)] = True
+        masks.stretch[row, cut - 1 : cut - 1 + len(filler)] = True
+        masks.mark(row, len(item.prompt) + len(filler), item)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
     def stretch(self, before: bytes, length: int, avoid: list[bytes]) -> bytes:

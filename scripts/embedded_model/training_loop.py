@@ -118,11 +118,11 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
         per_byte = torch.nn.functional.cross_entropy(
             logits.reshape(-1, 256), ids[:, 1:].reshape(-1), reduction="none"
         )
-        loss = per_byte.mean()
+        counted = per_byte if recall is None else per_byte[~recall.stretch.reshape(-1)]
+        loss = counted.mean()
         answer_loss = None
         if recall is not None and recall.questions.any():
             questions, answers = recall.questions.reshape(-1), recall.answers.reshape(-1)
-            loss = per_byte[~recall.stretch.reshape(-1)].mean()
             loss = loss + args.recall_weight * per_byte[questions].mean()
             answer_loss = per_byte[answers].detach().mean()  # logged: the part that is recall
         optimizer.zero_grad(set_to_none=True)
