@@ -33,15 +33,17 @@ the scorers at step 0 and at every evaluation, the one that answers the most of 
 per task exactly at the training capacity (prefill protocol). Those items are training-split items
 drawn with ``--select-seed``, never the training items' seed, and never held-out ones.
 
-The shipped scorers: ``mlp`` first, then ``memory`` started from it, with a window of 96::
+The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
+and saved for 256 of its 512 slots and 96 of 256::
 
     python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \\
         --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
         --scorer-hidden 256
     python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
-        --train-window 96 --train-capacity 256 --recall-fraction 0.5 --target max \\
-        --priority-span 10 --scorer-hidden 256 --init-from kvpop_compile/embedded/scorers/mlp-256 \\
-        --lr 3e-4 --steps 100 --eval-every 25 --select-items 32 --threads 1
+        --windows 256 96 --train-window 96 --train-capacity 256 --recall-fraction 0.5 \\
+        --target max --priority-span 10 --scorer-hidden 256 \\
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 25 \\
+        --select-items 32 --threads 1
 """
 
 from __future__ import annotations
