@@ -30,8 +30,13 @@ sequence is one 2048-byte window or one item, so packing never cuts an item.
 ``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
 starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of
 the scorers at step 0 and at every evaluation, the one that answers the most of ``N`` recall items
-per task exactly at the training capacity (prefill protocol). Those items are training-split items
-drawn with ``--select-seed``, never the training items' seed, and never held-out ones.
+per task exactly at the training capacity (prefill protocol). Those items are drawn with
+``--select-seed`` from ``--select-split``: ``train`` (training files, never the training items'
+seed) or ``validation`` (the standard library's test folder, which the corpus leaves out: code
+the model never saw, as the held-out files are to it, and that no benchmark asks about). Never
+held-out items. ``--reselect`` measures every candidate a finished run in ``--work`` saved with
+this run's measure and keeps the best, without training again; ``training.json`` then records
+both measures.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
 and saved for 256 of its 512 slots and 96 of 256::
@@ -76,6 +81,7 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
 )
 from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
 from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
+from kvpop_compile.training.selection import CandidateSelection  # noqa: E402
 
 SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
 
@@ -135,6 +141,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "per task (0: keep the last step)",
     )  # fmt: skip
     p.add_argument("--select-seed", type=int, default=99, help="seed of the selection items")
+    p.add_argument(
+        "--select-split", default="train", choices=["train", "validation"],
+        help="the recall items' code: training files, or the standard library's test folder "
+        "(validation: code the model never saw, and no benchmark asks about)",
+    )  # fmt: skip
+    p.add_argument(
+        "--reselect", action="store_true",
+        help="measure every candidate a finished run in --work saved with this run's selection "
+        "measure and keep the best, instead of the one the run kept",
+    )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--out", type=Path, default=EMBEDDED_SCORERS)
@@ -182,11 +198,14 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
     return texts
 
 
-def recall_selection(model_path, config: kc.KVpopConfig, per_task: int, seed: int):
+def recall_selection(
+    model_path, config: kc.KVpopConfig, per_task: int, seed: int, split: str = "train"
+):
     """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of ``per_task``
-    training-split recall items per task (drawn with ``seed``) that a candidate scorer answers
-    exactly, loaded into the model transformed with ``config`` (prefill protocol)."""
-    groups = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+    recall items per task of ``split`` ("train" or "validation", drawn with ``seed``) that a
+    candidate scorer answers exactly, loaded into the model transformed with ``config`` (prefill
+    protocol)."""
+    groups = [recall_items(split, task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
 
     @functools.cache  # made at the first measure: a resumed, finished run measures nothing
     def transformed():
@@ -235,7 +254,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.select_items < 0:
         raise SystemExit(f"--select-items must be 0 or more, got {args.select_items}")
-    if args.select_items and args.recall_fraction and args.select_seed == args.seed:
+    if args.reselect and not args.select_items:
+        raise SystemExit("--reselect chooses by the selection measure: give --select-items N")
+    same_items = args.select_split == "train" and args.select_seed == args.seed
+    if args.select_items and args.recall_fraction and same_items:
         raise SystemExit(
             f"--select-seed {args.select_seed} equals --seed: the selection items would be "
             "the training items; choose another"
@@ -251,6 +273,7 @@ def main(argv=None) -> None:
     total = train_sequences + args.eval_sequences
     texts = training_texts(total, args.seed, args.recall_fraction)
     eval_fraction = args.eval_sequences / total
+    reselected: dict[Path, list[dict]] = {}  # work folder -> its candidates' new measures
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
             trained_at = args.train_capacity or capacity
@@ -269,11 +292,21 @@ def main(argv=None) -> None:
             select = None
             if args.select_items:
                 select = recall_selection(
-                    args.model, train_config, args.select_items, args.select_seed
-                )
+                    args.model, train_config, args.select_items, args.select_seed,
+                    args.select_split,
+                )  # fmt: skip
             report = kc.train_scorer(
                 model, texts, train_config, settings, output_dir=work, select=select
             )
+            scorer, measured, kept = report.scorer_path, report.selections, report.selected_step
+            if args.reselect:
+                # Capacities trained at one capacity share a work folder: measured once.
+                if work not in reselected:
+                    reselected[work] = CandidateSelection(select, work).measure_saved()
+                candidates = CandidateSelection(select, work)
+                candidates.measured = reselected[work]
+                measured, kept = candidates.measured, candidates.best_step()
+                scorer = candidates.folder_of(kept)
             minutes = (time.perf_counter() - start) / 60
             starting_scorer = None
             if args.init_from is not None:
@@ -284,9 +317,14 @@ def main(argv=None) -> None:
             selection = None
             if args.select_items:
                 selection = {
-                    "items_per_task": args.select_items, "seed": args.select_seed,
-                    "measured": report.selections, "kept_step": report.selected_step,
+                    "split": args.select_split, "items_per_task": args.select_items,
+                    "seed": args.select_seed, "measured": measured, "kept_step": kept,
                 }  # fmt: skip
+                if args.reselect:  # what the run itself measured and kept, for the record
+                    selection["during_training"] = {
+                        "measured": report.selections,
+                        "kept_step": report.selected_step,
+                    }
             record = {
                 "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),
                 "policy": policy,
@@ -313,7 +351,7 @@ def main(argv=None) -> None:
                 "minutes_this_run": round(minutes, 2),
                 "torch": torch.__version__,
             }
-            install(report.scorer_path, scorer_folder(policy, capacity, args.out), record,
+            install(scorer, scorer_folder(policy, capacity, args.out), record,
                     load_embedded_model(path=args.model), config)  # fmt: skip
             last = report.evaluations[-1] if report.evaluations else {}
             print(

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from kvpop_compile.embedded.corpus import split_files, validation_files
 from kvpop_compile.embedded.recall import (
     CONTEXT_LENGTHS,
     MULTI_KEYS,
@@ -170,6 +171,36 @@ def test_code_comes_from_its_own_split_only(items):
         long = [part for part in parts if len(part) >= n // 4]
         assert len(long) >= len(batch)
         assert sum(part not in other for part in long) > len(long) / 2
+
+
+def _has_validation_text() -> bool:
+    try:
+        validation_files()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _has_validation_text(),
+    reason="this Python has no standard-library test folder, the validation items' code",
+)
+def test_validation_items_take_code_the_corpus_leaves_out():
+    train, held_out = split_files()
+    validation = validation_files()
+    assert validation and all(f.startswith("test/") for f in validation)
+    assert not set(validation) & (set(train) | set(held_out))  # outside the corpus, both sides
+    text = split_text("validation")
+    for task in TASKS:
+        items = recall_items("validation", task, 2048, 4, seed=99)
+        assert all(part in text for it in items for part in _code(it))
+        train_items = recall_items("train", task, 2048, 4, seed=99)
+        assert not {it.prompt for it in items} & {it.prompt for it in train_items}
+
+
+def test_validation_files_name_the_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="test folder .* does not exist"):
+        validation_files(tmp_path)
 
 
 def test_the_benchmark_lengths_are_training_lengths():

@@ -9,8 +9,9 @@ import torch
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.embedded.corpus import stdlib_dir
 from kvpop_compile.embedded.recall import TASKS
-from kvpop_compile.evaluation.methods import budget_config
+from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_scorers.py"
@@ -50,8 +51,6 @@ def test_a_scorer_trained_at_256_is_saved_for_512_and_a_wider_window_with_the_sa
 
 
 def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_path):
-    from kvpop_compile.evaluation.methods import scorer_folder
-
     mlp = scorer_folder("mlp", 256)
     common = ["--policies", "memory", "--capacities", "256", "--steps", "1", "--batch-size", "1",
               "--eval-sequences", "1", "--eval-every", "1", "--priority-span", "10",
@@ -73,3 +72,35 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
                              f"step-{best['step']:06d}")  # fmt: skip
     saved = read_tensors(tmp_path / "out" / "memory-256")
     assert all(torch.equal(candidate[k], saved[k]) for k in saved)
+
+
+@pytest.mark.skipif(
+    not (stdlib_dir() / "test").is_dir(),
+    reason="this Python has no standard-library test folder, the validation items' code",
+)
+def test_a_finished_run_is_chosen_again_on_validation_items(tmp_path):
+    mlp = scorer_folder("mlp", 256)
+    common = ["--policies", "memory", "--capacities", "256", "--steps", "1", "--batch-size", "1",
+              "--eval-sequences", "1", "--eval-every", "1", "--priority-span", "10",
+              "--init-from", str(mlp), "--scorer-hidden", "256",
+              "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit, match="--reselect chooses by the selection measure"):
+        _script().main([*common, "--reselect"])
+    _script().main([*common, "--select-items", "1"])
+    first = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
+    candidates = tmp_path / "work" / "memory-256" / "candidates"
+    saved = {p.name: p.stat().st_mtime_ns for p in candidates.iterdir()}
+    _script().main([*common, "--select-items", "1", "--select-split", "validation", "--reselect"])
+    assert {p.name: p.stat().st_mtime_ns for p in candidates.iterdir()} == saved  # no training
+    record = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
+    selection = record["selection"]
+    assert selection["split"] == "validation"
+    assert selection["during_training"] == {
+        "measured": first["selection"]["measured"], "kept_step": first["selection"]["kept_step"]
+    }  # fmt: skip
+    assert [m["step"] for m in selection["measured"]] == [0, 1]
+    best = max(selection["measured"], key=lambda m: (m["select"], m["step"]))
+    assert selection["kept_step"] == best["step"]
+    candidate = read_tensors(candidates / f"step-{best['step']:06d}")
+    kept = read_tensors(tmp_path / "out" / "memory-256")
+    assert all(torch.equal(candidate[k], kept[k]) for k in kept)

@@ -175,3 +175,24 @@ def test_a_measure_that_is_not_a_finite_number_is_refused(tmp_path):
     assert selection.best_step() == 5
     layer = layer_tensors({"layers.1.w": torch.ones(1), "layers.10.w": torch.zeros(1)}, 1)
     assert list(layer) == ["w"] and torch.equal(layer["w"], torch.ones(1))
+
+
+def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path):
+    first = run(tmp_path, 4, eval_every=2, select=lambda folder: 1.0)
+    assert first.selected_step == 4  # all tie: the last
+    other = {0: 0.3, 2: 0.8, 4: 0.1}
+    seen = []
+
+    def select(folder):
+        seen.append(folder.name)
+        return other[int(folder.name.removeprefix("step-"))]
+
+    selection = CandidateSelection(select, tmp_path)
+    measured = selection.measure_saved()
+    assert [(m["step"], m["select"]) for m in measured] == [(0, 0.3), (2, 0.8), (4, 0.1)]
+    assert seen == ["step-000000", "step-000002", "step-000004"]  # each once, in step order
+    assert selection.best_step() == 2
+    with pytest.raises(FileNotFoundError, match="no candidate is saved under"):
+        CandidateSelection(select, tmp_path / "elsewhere").measure_saved()
+    with pytest.raises(ValueError, match="select must return a finite number, got nan"):
+        CandidateSelection(lambda folder: float("nan"), tmp_path).measure_saved()

@@ -77,6 +77,31 @@ def split_files(root: str | Path | None = None) -> tuple[list[str], list[str]]:
     return train, held_out
 
 
+VALIDATION_DIR = "test"
+"""The standard library's own test folder: code the corpus excludes (see above), so the model
+never trained on it and no benchmark item is made from it."""
+
+
+def validation_files(root: str | Path | None = None) -> list[str]:
+    """Relative POSIX paths of the ``.py`` files under the standard library's ``test`` folder,
+    sorted: text for choosing among trained scorers on code the model has not seen, without
+    touching the held-out files the benchmarks ask about. ``FileNotFoundError`` where the
+    folder is missing (Debian and Ubuntu ship it apart, in ``libpython3.X-testsuite``)."""
+    root = Path(root) if root is not None else stdlib_dir()
+    folder = root / VALIDATION_DIR
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"the standard library's test folder {str(folder)!r} does not exist: validation "
+            "items are made from it (install the Python test suite, or select on 'train' items)"
+        )
+    files = [
+        path.relative_to(root).as_posix()
+        for path in folder.rglob("*.py")
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+    return sorted(files)
+
+
 def read_bytes(relpath: str, root: str | Path | None = None) -> bytes:
     """The raw bytes of one corpus file (the model's tokens are these bytes)."""
     root = Path(root) if root is not None else stdlib_dir()

@@ -18,7 +18,9 @@ context length, so items of one length stack into a batch. The benchmark asks at
 bytes; 256 and 512 exist for training, where a short distance makes the lookup easier to find.
 
 Items of the ``"train"`` split take their code from the training files; ``"held_out"`` items take
-it from the held-out files, and the split's name is part of every item's seed, so the two splits
+it from the held-out files; ``"validation"`` items take it from the standard library's test
+folder, which the corpus leaves out: code the model never saw that no benchmark asks about, for
+choosing among trained scorers. The split's name is part of every item's seed, so the splits
 share neither text nor random draws whatever seeds the caller passes.
 """
 
@@ -30,9 +32,9 @@ import random
 import string
 from dataclasses import dataclass
 
-from kvpop_compile.embedded.corpus import read_bytes, split_files
+from kvpop_compile.embedded.corpus import read_bytes, split_files, validation_files
 
-SPLITS = ("train", "held_out")
+SPLITS = ("train", "held_out", "validation")
 TASKS = ("lookup", "multi_key", "chain", "call")
 CONTEXT_LENGTHS = (1024, 2048)
 """The lengths the benchmark asks at."""
@@ -63,10 +65,14 @@ class RecallItem:
 
 @functools.lru_cache(maxsize=len(SPLITS))
 def split_text(split: str) -> bytes:
-    """All files of ``split`` ("train" or "held_out") concatenated in sorted order."""
+    """All files of ``split`` (one of :data:`SPLITS`) concatenated in sorted order."""
     _check_split(split)
-    train, held_out = split_files()
-    return b"".join(read_bytes(f) for f in (train if split == "train" else held_out))
+    if split == "validation":
+        files = validation_files()
+    else:
+        train, held_out = split_files()
+        files = train if split == "train" else held_out
+    return b"".join(read_bytes(f) for f in files)
 
 
 def recall_items(

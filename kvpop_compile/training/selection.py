@@ -63,6 +63,20 @@ class CandidateSelection:
         self.measured.append({"step": step, "select": value})
         return value
 
+    def measure_saved(self) -> list[dict]:
+        """Measure every candidate saved under the folder, in step order, replacing the measures
+        held: a finished run chosen again by another measure, without training again."""
+        steps = sorted(int(path.name.removeprefix("step-")) for path in self.folder.glob("step-*"))
+        if not steps:
+            raise FileNotFoundError(f"no candidate is saved under {self.folder}")
+        measured = []
+        for step in steps:
+            folder = self.folder_of(step)
+            with torch.no_grad():
+                measured.append({"step": step, "select": _as_measure(self.select(folder), folder)})
+        self.measured = measured
+        return list(measured)
+
     def best_step(self) -> int:
         """The step of the best candidate (the later one on a tie)."""
         if not self.measured:
