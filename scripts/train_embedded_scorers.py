@@ -49,6 +49,15 @@ and saved for 256 of its 512 slots and 96 of 256::
         --target max --priority-span 10 --scorer-hidden 256 \\
         --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 25 \\
         --select-items 32 --threads 1
+
+then that run's ``memory`` candidates chosen again on validation items (step 50 kept), in the
+same ``--work`` folder::
+
+    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
+        --windows 256 96 --train-window 96 --train-capacity 256 --recall-fraction 0.5 \\
+        --target max --priority-span 10 --scorer-hidden 256 \\
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 25 \\
+        --select-items 64 --select-split validation --reselect --threads 2
 """
 
 from __future__ import annotations
