@@ -34,9 +34,12 @@ per task exactly at the training capacity (prefill protocol). Those items are dr
 ``--select-seed`` from ``--select-split``: ``train`` (training files, never the training items'
 seed) or ``validation`` (the standard library's test folder, which the corpus leaves out: code
 the model never saw, as the held-out files are to it, and that no benchmark asks about). Never
-held-out items. ``--reselect`` measures every candidate a finished run in ``--work`` saved with
-this run's measure and keeps the best, without training again; ``training.json`` then records
-both measures.
+held-out items. A work folder's ``run.json`` records the command that trains there and its
+measure, and a run with another measure is refused there. ``--reselect`` measures every candidate
+a finished run in ``--work`` saved with this run's measure and keeps the best, without training
+again (the folder's own ``scorer/`` stays the run's choice); ``training.json`` then records both
+measures and the training command. The test suite differs between Python releases, so the
+record holds the Python version and the SHA-256 of the items measured.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
 and saved for 256 of its 512 slots and 96 of 256::
@@ -66,6 +69,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import platform
 import random
 import sys
 import time
@@ -76,11 +80,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kvpop_compile as kc  # noqa: E402
-from kvpop_compile.atomic import replace_folder  # noqa: E402
+from kvpop_compile.atomic import atomic_write, replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E402
 from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
-from kvpop_compile.embedded.recall import TASKS, recall_items  # noqa: E402
+from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
+from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.evaluation.methods import (  # noqa: E402
     BUDGETS,
     EMBEDDED_SCORERS,
@@ -91,8 +96,10 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
 from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
 from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
 from kvpop_compile.training.selection import CandidateSelection  # noqa: E402
+from kvpop_compile.training.trainer import CHECKPOINT  # noqa: E402
 
 SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
+RUN_RECORD = "run.json"  # in a work folder: the command that trains there, and its measure
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -158,7 +165,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--reselect", action="store_true",
         help="measure every candidate a finished run in --work saved with this run's selection "
-        "measure and keep the best, instead of the one the run kept",
+        "measure and keep the best, instead of the one the run kept (the work folder's scorer/ "
+        "stays the run's own choice)",
     )  # fmt: skip
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -207,14 +215,16 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
     return texts
 
 
-def recall_selection(
-    model_path, config: kc.KVpopConfig, per_task: int, seed: int, split: str = "train"
-):
-    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of ``per_task``
-    recall items per task of ``split`` ("train" or "validation", drawn with ``seed``) that a
-    candidate scorer answers exactly, loaded into the model transformed with ``config`` (prefill
-    protocol)."""
-    groups = [recall_items(split, task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallItem]]:
+    """The selection measure's items: ``per_task`` 2048-byte recall items per task of ``split``
+    ("train" or "validation"), drawn with ``seed``; one list per task."""
+    return [recall_items(split, task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+
+
+def recall_selection(model_path, config: kc.KVpopConfig, groups: list[list[RecallItem]]):
+    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of the items of
+    ``groups`` (:func:`selection_items`) that a candidate scorer answers exactly, loaded into the
+    model transformed with ``config`` (prefill protocol)."""
 
     @functools.cache  # made at the first measure: a resumed, finished run measures nothing
     def transformed():
@@ -258,6 +268,74 @@ def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopCon
     replace_folder(target, write)
 
 
+def selection_spec(args) -> dict | None:
+    """The run's selection measure: its split, items per task and seed (None: none)."""
+    if not args.select_items:
+        return None
+    return {
+        "split": args.select_split, "items_per_task": args.select_items, "seed": args.select_seed
+    }  # fmt: skip
+
+
+def claim_work(work: Path, command: str, spec: dict | None) -> None:
+    """Record in ``work`` the command that trains there and its selection measure, or refuse a
+    run whose measure differs from the one recorded: a resumed run would choose among numbers
+    from two measures."""
+    record = work / RUN_RECORD
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        if saved.get("selection") != spec:
+            raise SystemExit(
+                f"{work} holds a run selected by {saved.get('selection')}, this run asks "
+                f"{spec}: give another --work, or --reselect to choose among the finished "
+                "run's candidates by this measure"
+            )
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"command": command, "selection": spec}, indent=1) + "\n"
+    atomic_write(record, lambda tmp: Path(tmp).write_text(text))
+
+
+def finished_run(work: Path, steps: int) -> dict:
+    """The run record (``{}`` if none was written) of the finished run in ``work`` that
+    ``--reselect`` chooses again in; ``SystemExit`` if ``work`` holds no finished run, which
+    ``--reselect`` would otherwise train."""
+    checkpoint = work / CHECKPOINT
+    if not checkpoint.is_file():
+        raise SystemExit(f"--reselect: {work} holds no run (no {CHECKPOINT}); train it first")
+    done = torch.load(checkpoint, map_location="cpu", weights_only=False)["step"]
+    if done != steps:
+        raise SystemExit(
+            f"--reselect: the run in {work} is at step {done} of --steps {steps}; finish it "
+            "first, without --reselect"
+        )
+    record = work / RUN_RECORD
+    return json.loads(record.read_text()) if record.is_file() else {}
+
+
+def reselect(select, work: Path, report, selection: dict, run: dict, cache: dict):
+    """Choose again, with ``select``, among the candidates the finished run in ``work`` saved
+    (``report``: its training report; ``run``: its run record). Returns the kept candidate's
+    folder and ``selection`` with the new measures, what measuring took, and what the run had
+    measured and kept (``during_training``). Capacities trained at one capacity share a work
+    folder, so ``cache`` (work folder -> measures, minutes) measures each once."""
+    if work not in cache:
+        start = time.perf_counter()
+        steps = [m["step"] for m in report.selections]
+        measures = CandidateSelection(select, work).measure_saved(steps)
+        cache[work] = measures, round((time.perf_counter() - start) / 60, 2)
+    measures, minutes = cache[work]
+    candidates = CandidateSelection(select, work)
+    candidates.measured = measures
+    kept = candidates.best_step()
+    during = {
+        "command": run.get("command"), "selection": run.get("selection"),
+        "measured": selection["measured"], "kept_step": selection["kept_step"],
+    }  # fmt: skip
+    new = {**selection, "measured": measures, "kept_step": kept}
+    return candidates.folder_of(kept), {**new, "minutes": minutes, "during_training": during}
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -282,7 +360,9 @@ def main(argv=None) -> None:
     total = train_sequences + args.eval_sequences
     texts = training_texts(total, args.seed, args.recall_fraction)
     eval_fraction = args.eval_sequences / total
-    reselected: dict[Path, list[dict]] = {}  # work folder -> its candidates' new measures
+    command = " ".join(["python scripts/train_embedded_scorers.py", *argv])
+    spec = selection_spec(args)
+    measured_once: dict[Path, tuple] = {}  # --reselect: work folder -> its candidates' measures
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
             trained_at = args.train_capacity or capacity
@@ -290,6 +370,9 @@ def main(argv=None) -> None:
             train_config = scorer_config(policy, trained_at, args.train_window, args)
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
+            run = finished_run(work, args.steps) if args.reselect else {}
+            if not args.reselect:
+                claim_work(work, command, spec)
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
             start = time.perf_counter()
             settings = kc.TrainSettings(
@@ -298,24 +381,22 @@ def main(argv=None) -> None:
                 eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
                 init_from=args.init_from,
             )  # fmt: skip
-            select = None
-            if args.select_items:
-                select = recall_selection(
-                    args.model, train_config, args.select_items, args.select_seed,
-                    args.select_split,
-                )  # fmt: skip
+            select = groups = None
+            if spec is not None:
+                groups = selection_items(args.select_split, args.select_items, args.select_seed)
+                select = recall_selection(args.model, train_config, groups)
             report = kc.train_scorer(
                 model, texts, train_config, settings, output_dir=work, select=select
             )
-            scorer, measured, kept = report.scorer_path, report.selections, report.selected_step
+            scorer, selection = report.scorer_path, None
+            if spec is not None:
+                selection = {
+                    **spec, "items_sha256": items_sha256(i for group in groups for i in group),
+                    "python": platform.python_version(),
+                    "measured": report.selections, "kept_step": report.selected_step,
+                }  # fmt: skip
             if args.reselect:
-                # Capacities trained at one capacity share a work folder: measured once.
-                if work not in reselected:
-                    reselected[work] = CandidateSelection(select, work).measure_saved()
-                candidates = CandidateSelection(select, work)
-                candidates.measured = reselected[work]
-                measured, kept = candidates.measured, candidates.best_step()
-                scorer = candidates.folder_of(kept)
+                scorer, selection = reselect(select, work, report, selection, run, measured_once)
             minutes = (time.perf_counter() - start) / 60
             starting_scorer = None
             if args.init_from is not None:
@@ -323,19 +404,8 @@ def main(argv=None) -> None:
                     "path": str(args.init_from),
                     "tensors_sha256": tensors_sha256(args.init_from),
                 }
-            selection = None
-            if args.select_items:
-                selection = {
-                    "split": args.select_split, "items_per_task": args.select_items,
-                    "seed": args.select_seed, "measured": measured, "kept_step": kept,
-                }  # fmt: skip
-                if args.reselect:  # what the run itself measured and kept, for the record
-                    selection["during_training"] = {
-                        "measured": report.selections,
-                        "kept_step": report.selected_step,
-                    }
             record = {
-                "command": " ".join(["python scripts/train_embedded_scorers.py", *argv]),
+                "command": command,
                 "policy": policy,
                 "capacity": capacity,
                 "trained_at_capacity": trained_at,

@@ -9,7 +9,6 @@ import torch
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
-from kvpop_compile.embedded.corpus import stdlib_dir
 from kvpop_compile.embedded.recall import TASKS
 from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
@@ -74,33 +73,57 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
     assert all(torch.equal(candidate[k], saved[k]) for k in saved)
 
 
-@pytest.mark.skipif(
-    not (stdlib_dir() / "test").is_dir(),
-    reason="this Python has no standard-library test folder, the validation items' code",
-)
-def test_a_finished_run_is_chosen_again_on_validation_items(tmp_path):
-    mlp = scorer_folder("mlp", 256)
+def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch):
+    module = _script()
+    splits = []
+
+    def items(split, per_task, seed):
+        splits.append(split)
+        return [[] for _ in TASKS]
+
+    def selection(model_path, config, groups):
+        split = splits[-1]  # training measures tie (the later step is kept); validation wants 0
+        return lambda folder: 0.5 if split == "train" else float(folder.name == "step-000000")
+
+    monkeypatch.setattr(module, "selection_items", items)
+    monkeypatch.setattr(module, "recall_selection", selection)
+    work, out = tmp_path / "work", tmp_path / "out"
     common = ["--policies", "memory", "--capacities", "256", "--steps", "1", "--batch-size", "1",
               "--eval-sequences", "1", "--eval-every", "1", "--priority-span", "10",
-              "--init-from", str(mlp), "--scorer-hidden", "256",
-              "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
+              "--init-from", str(scorer_folder("mlp", 256)), "--scorer-hidden", "256",
+              "--work", str(work), "--out", str(out)]  # fmt: skip
     with pytest.raises(SystemExit, match="--reselect chooses by the selection measure"):
-        _script().main([*common, "--reselect"])
-    _script().main([*common, "--select-items", "1"])
-    first = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
-    candidates = tmp_path / "work" / "memory-256" / "candidates"
+        module.main([*common, "--reselect"])
+    with pytest.raises(SystemExit, match="--reselect: .* holds no run"):
+        module.main([*common, "--select-items", "1", "--reselect"])
+    module.main([*common, "--select-items", "1"])
+    first = json.loads((out / "memory-256" / "training.json").read_text())
+    assert first["selection"]["kept_step"] == 1
+    with pytest.raises(SystemExit, match="holds a run selected by .*'items_per_task': 1"):
+        module.main([*common, "--select-items", "2"])  # a resume would mix two measures
+    with pytest.raises(SystemExit, match="is at step 1 of --steps 2; finish it first"):
+        module.main([*common[:-4], "--steps", "2", "--work", str(work), "--out", str(out),
+                     "--select-items", "1", "--reselect"])  # fmt: skip
+    candidates = work / "memory-256" / "candidates"
     saved = {p.name: p.stat().st_mtime_ns for p in candidates.iterdir()}
-    _script().main([*common, "--select-items", "1", "--select-split", "validation", "--reselect"])
+    reselect = [*common, "--select-items", "1", "--select-split", "validation", "--reselect"]
+    module.main(reselect)
+    assert splits[-1] == "validation"
     assert {p.name: p.stat().st_mtime_ns for p in candidates.iterdir()} == saved  # no training
-    record = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
+    record = json.loads((out / "memory-256" / "training.json").read_text())
     selection = record["selection"]
-    assert selection["split"] == "validation"
+    assert (selection["split"], selection["kept_step"]) == ("validation", 0)
+    assert [(m["step"], m["select"]) for m in selection["measured"]] == [(0, 1.0), (1, 0.0)]
     assert selection["during_training"] == {
-        "measured": first["selection"]["measured"], "kept_step": first["selection"]["kept_step"]
+        "command": first["command"], "selection": {"split": "train", "items_per_task": 1,
+                                                   "seed": 99},
+        "measured": first["selection"]["measured"], "kept_step": 1,
     }  # fmt: skip
-    assert [m["step"] for m in selection["measured"]] == [0, 1]
-    best = max(selection["measured"], key=lambda m: (m["select"], m["step"]))
-    assert selection["kept_step"] == best["step"]
-    candidate = read_tensors(candidates / f"step-{best['step']:06d}")
-    kept = read_tensors(tmp_path / "out" / "memory-256")
-    assert all(torch.equal(candidate[k], kept[k]) for k in kept)
+    assert record["command"].endswith(" ".join(reselect))
+    kept, step0 = read_tensors(out / "memory-256"), read_tensors(candidates / "step-000000")
+    assert all(torch.equal(kept[k], step0[k]) for k in kept)
+    own, step1 = (
+        read_tensors(work / "memory-256" / "scorer"),
+        read_tensors(candidates / "step-000001"),
+    )
+    assert all(torch.equal(own[k], step1[k]) for k in own)  # the run's own choice stays

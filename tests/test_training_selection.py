@@ -188,11 +188,14 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path):
         return other[int(folder.name.removeprefix("step-"))]
 
     selection = CandidateSelection(select, tmp_path)
-    measured = selection.measure_saved()
+    steps = [m["step"] for m in first.selections]
+    measured = selection.measure_saved(steps)
     assert [(m["step"], m["select"]) for m in measured] == [(0, 0.3), (2, 0.8), (4, 0.1)]
     assert seen == ["step-000000", "step-000002", "step-000004"]  # each once, in step order
     assert selection.best_step() == 2
-    with pytest.raises(FileNotFoundError, match="no candidate is saved under"):
-        CandidateSelection(select, tmp_path / "elsewhere").measure_saved()
+    with pytest.raises(FileNotFoundError, match="no candidate is saved under .* steps \\[6\\]"):
+        selection.measure_saved([4, 6])
+    with pytest.raises(ValueError, match="no step to measure"):
+        selection.measure_saved([])
     with pytest.raises(ValueError, match="select must return a finite number, got nan"):
-        CandidateSelection(lambda folder: float("nan"), tmp_path).measure_saved()
+        CandidateSelection(lambda folder: float("nan"), tmp_path).measure_saved(steps)

@@ -80,19 +80,26 @@ def split_files(root: str | Path | None = None) -> tuple[list[str], list[str]]:
 VALIDATION_DIR = "test"
 """The standard library's own test folder: code the corpus excludes (see above), so the model
 never trained on it and no benchmark item is made from it."""
+_VALIDATION_MARK = "test_grammar.py"
+# Debian's libpython3.X-stdlib carries a stub of the folder (``support/``, ``libregrtest/``: a
+# few hundred KB); the test suite itself, with this file, comes in libpython3.X-testsuite.
 
 
 def validation_files(root: str | Path | None = None) -> list[str]:
     """Relative POSIX paths of the ``.py`` files under the standard library's ``test`` folder,
     sorted: text for choosing among trained scorers on code the model has not seen, without
-    touching the held-out files the benchmarks ask about. ``FileNotFoundError`` where the
-    folder is missing (Debian and Ubuntu ship it apart, in ``libpython3.X-testsuite``)."""
+    touching the held-out files the benchmarks ask about. A few are not UTF-8 on purpose (the
+    tests of source encodings); items are bytes, as the model's tokens are.
+
+    ``FileNotFoundError`` where the test suite is missing: Debian and Ubuntu ship it apart, in
+    ``libpython3.X-testsuite``, and leave only a stub of the folder without it."""
     root = Path(root) if root is not None else stdlib_dir()
     folder = root / VALIDATION_DIR
-    if not folder.is_dir():
+    if not (folder / _VALIDATION_MARK).is_file():
         raise FileNotFoundError(
-            f"the standard library's test folder {str(folder)!r} does not exist: validation "
-            "items are made from it (install the Python test suite, or select on 'train' items)"
+            f"the standard library's test suite is not in {str(folder)!r} (no "
+            f"{_VALIDATION_MARK}): validation items are made from it; install it (on Debian "
+            "and Ubuntu: libpython3.X-testsuite), or select on 'train' items"
         )
     files = [
         path.relative_to(root).as_posix()

@@ -63,14 +63,20 @@ class CandidateSelection:
         self.measured.append({"step": step, "select": value})
         return value
 
-    def measure_saved(self) -> list[dict]:
-        """Measure every candidate saved under the folder, in step order, replacing the measures
-        held: a finished run chosen again by another measure, without training again."""
-        steps = sorted(int(path.name.removeprefix("step-")) for path in self.folder.glob("step-*"))
+    def measure_saved(self, steps: list[int]) -> list[dict]:
+        """Measure the candidates saved for ``steps`` (a finished run's, as its report lists
+        them), in step order, replacing the measures held: a finished run chosen again by
+        another measure, without training again."""
         if not steps:
-            raise FileNotFoundError(f"no candidate is saved under {self.folder}")
+            raise ValueError(f"no step to measure under {self.folder}: give the run's steps")
+        missing = [step for step in steps if not self.folder_of(step).is_dir()]
+        if missing:
+            raise FileNotFoundError(
+                f"no candidate is saved under {self.folder} for steps {missing}: measure the "
+                "steps the run saved"
+            )
         measured = []
-        for step in steps:
+        for step in sorted(steps):
             folder = self.folder_of(step)
             with torch.no_grad():
                 measured.append({"step": step, "select": _as_measure(self.select(folder), folder)})
