@@ -35,11 +35,12 @@ per task exactly at the training capacity (prefill protocol). Those items are dr
 seed) or ``validation`` (the standard library's test folder, which the corpus leaves out: code
 the model never saw, as the held-out files are to it, and that no benchmark asks about). Never
 held-out items. A work folder's ``run.json`` records the command that trains there and its
-measure, and a run with another measure is refused there. ``--reselect`` measures every candidate
-a finished run in ``--work`` saved with this run's measure and keeps the best, without training
-again (the folder's own ``scorer/`` stays the run's choice); ``training.json`` then records both
-measures and the training command. The test suite differs between Python releases, so the
-record holds the Python version and the SHA-256 of the items measured.
+measure, and a run with another measure is refused there. ``--reselect`` measures the candidates
+a finished run in ``--work`` measured (its report's steps) with this run's measure and keeps the
+best, without training again (the folder's own ``scorer/`` stays the run's choice);
+``training.json`` then records both measures and the training command. The test suite differs
+between Python releases, so the record holds the Python version and the SHA-256 of the items
+measured.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
 and saved for 256 of its 512 slots and 96 of 256::
@@ -153,8 +154,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--select-items", type=int, default=0,
-        help="keep the candidate answering the most of this many training-split recall items "
-        "per task (0: keep the last step)",
+        help="keep the candidate answering the most of this many recall items per task of "
+        "--select-split (0: keep the last step)",
     )  # fmt: skip
     p.add_argument("--select-seed", type=int, default=99, help="seed of the selection items")
     p.add_argument(
@@ -280,9 +281,16 @@ def selection_spec(args) -> dict | None:
 def claim_work(work: Path, command: str, spec: dict | None) -> None:
     """Record in ``work`` the command that trains there and its selection measure, or refuse a
     run whose measure differs from the one recorded: a resumed run would choose among numbers
-    from two measures."""
+    from two measures. A folder without a checkpoint holds nothing to mix, so its record is
+    replaced; one with a checkpoint but no record is refused (its measure is unknown)."""
     record = work / RUN_RECORD
-    if record.is_file():
+    started = (work / CHECKPOINT).is_file()
+    if started and not record.is_file():
+        raise SystemExit(
+            f"{work} holds a run without {RUN_RECORD}, so its selection measure is unknown: "
+            "give another --work"
+        )
+    if started:
         saved = json.loads(record.read_text())
         if saved.get("selection") != spec:
             raise SystemExit(
@@ -303,11 +311,12 @@ def finished_run(work: Path, steps: int) -> dict:
     checkpoint = work / CHECKPOINT
     if not checkpoint.is_file():
         raise SystemExit(f"--reselect: {work} holds no run (no {CHECKPOINT}); train it first")
-    done = torch.load(checkpoint, map_location="cpu", weights_only=False)["step"]
+    done = torch.load(checkpoint, map_location="cpu", weights_only=True)["step"]
     if done != steps:
         raise SystemExit(
-            f"--reselect: the run in {work} is at step {done} of --steps {steps}; finish it "
-            "first, without --reselect"
+            f"--reselect: the run in {work} is at step {done}, not --steps {steps}: give the "
+            f"run's own settings ({RUN_RECORD} has its command), and finish it first if it "
+            "was cut off"
         )
     record = work / RUN_RECORD
     return json.loads(record.read_text()) if record.is_file() else {}
@@ -371,6 +380,10 @@ def main(argv=None) -> None:
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             run = finished_run(work, args.steps) if args.reselect else {}
+            select = groups = None
+            if spec is not None:  # before the work folder is claimed: this may stop the run
+                groups = selection_items(args.select_split, args.select_items, args.select_seed)
+                select = recall_selection(args.model, train_config, groups)
             if not args.reselect:
                 claim_work(work, command, spec)
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
@@ -381,10 +394,6 @@ def main(argv=None) -> None:
                 eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
                 init_from=args.init_from,
             )  # fmt: skip
-            select = groups = None
-            if spec is not None:
-                groups = selection_items(args.select_split, args.select_items, args.select_seed)
-                select = recall_selection(args.model, train_config, groups)
             report = kc.train_scorer(
                 model, texts, train_config, settings, output_dir=work, select=select
             )

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS
+from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
@@ -75,9 +77,11 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
 
 def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch):
     module = _script()
-    splits = []
+    splits, missing = [], {"validation"}
 
     def items(split, per_task, seed):
+        if split in missing:  # as where the test suite is not installed
+            raise FileNotFoundError(f"no {split} text")
         splits.append(split)
         return [[] for _ in TASKS]
 
@@ -96,12 +100,26 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
         module.main([*common, "--reselect"])
     with pytest.raises(SystemExit, match="--reselect: .* holds no run"):
         module.main([*common, "--select-items", "1", "--reselect"])
+    with pytest.raises(FileNotFoundError, match="no validation text"):
+        module.main([*common, "--select-items", "1", "--select-split", "validation"])
+    assert not (work / "memory-256").exists()  # stopped before it claimed the folder
+    missing.clear()
+    (work / "memory-256").mkdir(parents=True)  # a record without a checkpoint holds nothing
+    (work / "memory-256" / "run.json").write_text('{"command": "x", "selection": null}')
     module.main([*common, "--select-items", "1"])
     first = json.loads((out / "memory-256" / "training.json").read_text())
     assert first["selection"]["kept_step"] == 1
+    assert first["selection"]["items_sha256"] == items_sha256([])
+    assert first["selection"]["python"] == platform.python_version()
     with pytest.raises(SystemExit, match="holds a run selected by .*'items_per_task': 1"):
         module.main([*common, "--select-items", "2"])  # a resume would mix two measures
-    with pytest.raises(SystemExit, match="is at step 1 of --steps 2; finish it first"):
+    record = work / "memory-256" / "run.json"
+    kept_record = record.read_text()
+    record.unlink()
+    with pytest.raises(SystemExit, match="holds a run without run.json"):
+        module.main([*common, "--select-items", "1"])
+    record.write_text(kept_record)
+    with pytest.raises(SystemExit, match="is at step 1, not --steps 2: give the run's own"):
         module.main([*common[:-4], "--steps", "2", "--work", str(work), "--out", str(out),
                      "--select-items", "1", "--reselect"])  # fmt: skip
     candidates = work / "memory-256" / "candidates"
