@@ -165,7 +165,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--reselect", action="store_true",
-        help="measure every candidate a finished run in --work saved with this run's selection "
+        help="measure the candidates a finished run in --work measured with this run's selection "
         "measure and keep the best, instead of the one the run kept (the work folder's scorer/ "
         "stays the run's own choice)",
     )  # fmt: skip
@@ -327,22 +327,22 @@ def reselect(select, work: Path, report, selection: dict, run: dict, cache: dict
     (``report``: its training report; ``run``: its run record). Returns the kept candidate's
     folder and ``selection`` with the new measures, what measuring took, and what the run had
     measured and kept (``during_training``). Capacities trained at one capacity share a work
-    folder, so ``cache`` (work folder -> measures, minutes) measures each once."""
+    folder, so ``cache`` (work folder -> its measured candidates, minutes) measures each once."""
     if work not in cache:
         start = time.perf_counter()
-        steps = [m["step"] for m in report.selections]
-        measures = CandidateSelection(select, work).measure_saved(steps)
-        cache[work] = measures, round((time.perf_counter() - start) / 60, 2)
-    measures, minutes = cache[work]
-    candidates = CandidateSelection(select, work)
-    candidates.measured = measures
+        candidates = CandidateSelection(select, work)
+        candidates.measure_saved([m["step"] for m in report.selections])
+        cache[work] = candidates, round((time.perf_counter() - start) / 60, 2)
+    candidates, minutes = cache[work]
     kept = candidates.best_step()
     during = {
         "command": run.get("command"), "selection": run.get("selection"),
         "measured": selection["measured"], "kept_step": selection["kept_step"],
     }  # fmt: skip
-    new = {**selection, "measured": measures, "kept_step": kept}
-    return candidates.folder_of(kept), {**new, "minutes": minutes, "during_training": during}
+    return candidates.folder_of(kept), {
+        **selection, "measured": candidates.measured, "kept_step": kept, "minutes": minutes,
+        "during_training": during,
+    }  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -371,7 +371,12 @@ def main(argv=None) -> None:
     eval_fraction = args.eval_sequences / total
     command = " ".join(["python scripts/train_embedded_scorers.py", *argv])
     spec = selection_spec(args)
-    measured_once: dict[Path, tuple] = {}  # --reselect: work folder -> its candidates' measures
+    measured_once: dict[Path, tuple] = {}  # --reselect: work folder -> its measured candidates
+    # The items do not depend on the policy or capacity; made before any work folder is claimed,
+    # since making them may stop the run (validation text missing).
+    groups = None if spec is None else selection_items(
+        args.select_split, args.select_items, args.select_seed
+    )  # fmt: skip
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
             trained_at = args.train_capacity or capacity
@@ -380,10 +385,7 @@ def main(argv=None) -> None:
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             run = finished_run(work, args.steps) if args.reselect else {}
-            select = groups = None
-            if spec is not None:  # before the work folder is claimed: this may stop the run
-                groups = selection_items(args.select_split, args.select_items, args.select_seed)
-                select = recall_selection(args.model, train_config, groups)
+            select = None if groups is None else recall_selection(args.model, train_config, groups)
             if not args.reselect:
                 claim_work(work, command, spec)
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)

@@ -55,9 +55,7 @@ class CandidateSelection:
         both and sends the measure to the others); record and return the measure."""
         value = None
         if group.is_main:
-            folder = save_scorers(scorers, description, self.folder_of(step))
-            with torch.no_grad():
-                value = _as_measure(self.select(folder), folder)
+            value = self._measure(save_scorers(scorers, description, self.folder_of(step)))
         value = group.from_main(value)
         # A resumed run measures again the steps after its checkpoint, never the ones it holds.
         self.measured.append({"step": step, "select": value})
@@ -75,13 +73,14 @@ class CandidateSelection:
                 f"no candidate is saved under {self.folder} for steps {missing}: measure the "
                 "steps the run saved"
             )
-        measured = []
-        for step in sorted(steps):
-            folder = self.folder_of(step)
-            with torch.no_grad():
-                measured.append({"step": step, "select": _as_measure(self.select(folder), folder)})
-        self.measured = measured
-        return list(measured)
+        self.measured = [
+            {"step": step, "select": self._measure(self.folder_of(step))} for step in sorted(steps)
+        ]
+        return list(self.measured)
+
+    def _measure(self, folder: Path) -> float:
+        with torch.no_grad():
+            return _as_measure(self.select(folder), folder)
 
     def best_step(self) -> int:
         """The step of the best candidate (the later one on a tie)."""
