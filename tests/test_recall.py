@@ -113,6 +113,15 @@ def test_evidence_is_the_planted_lines_and_ends_half_a_context_before_the_questi
             assert question - it.evidence[-1][1] >= n // 2
 
 
+def test_value_span_is_the_asked_value_inside_the_first_evidence_line(items):
+    for batch in items.values():
+        for it in batch:
+            start, end = it.value_span
+            assert it.prompt[start:end] == _value(it)
+            first_start, first_end = it.evidence[0]
+            assert first_start < start < end < first_end  # the line ends with "\n" after it
+
+
 def test_the_asked_name_is_defined_once_and_asked_once(items):
     for (_, task, _), batch in items.items():
         for it in batch:

@@ -62,6 +62,15 @@ class RecallItem:
     """Byte spans ``[start, end)`` of the prompt's planted lines the answer follows from, in
     prompt order: the asked definition, or for ``chain`` the source and the alias line."""
 
+    @property
+    def value_span(self) -> tuple[int, int]:
+        """Byte span ``[start, end)`` of the asked value's digits in the prompt (the answer ends
+        with them, and they occur once, in the first evidence line): what a cache must hold for
+        the value to be copied."""
+        value = self.answer[-VALUE_DIGITS:]
+        start = self.prompt.index(value)
+        return start, start + VALUE_DIGITS
+
 
 @functools.lru_cache(maxsize=len(SPLITS))
 def split_text(split: str) -> bytes:

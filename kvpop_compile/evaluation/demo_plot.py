@@ -14,18 +14,10 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write
+from .kept import heads_holding_evidence
 
 KINDS = (("sink", (0.55, 0.25, 0.75)), ("window", (0.2, 0.65, 0.3)), ("pool", (0.95, 0.55, 0.1)))
 EVIDENCE_COLOUR = (0.85, 0.1, 0.1)
-
-
-def heads_holding_evidence(positions: torch.Tensor, evidence) -> torch.Tensor:
-    """``(H,)`` bool: which heads hold some position of every evidence span.
-
-    ``positions (H, C)`` are one layer's cached positions; ``evidence`` is the item's
-    ``[start, end)`` byte spans (``RecallItem.evidence``)."""
-    held = [((positions >= start) & (positions < end)).any(dim=-1) for start, end in evidence]
-    return torch.stack(held).all(dim=0)
 
 
 def held_by_kind(positions: torch.Tensor, seen: int, sinks: int, window: int) -> torch.Tensor:
