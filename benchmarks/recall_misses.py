@@ -1,10 +1,10 @@
-"""Why a policy misses recall items: what its cache holds of the answer when it answers.
+"""Why a policy misses recall items: what its cache holds of the asked value once it answers.
 
     python benchmarks/recall_misses.py          # memory @ 75%, call, 64 held-out items, 2048 bytes
     python benchmarks/recall_misses.py --policy memory --budget 88% --task multi_key --out m.md
 
 Each held-out item is answered greedily under the prefill protocol (as ``kvpop-compile eval
---recall`` does) and, at the moment of the answer, every layer's cache is read: how many KV heads
+--recall`` does) and, once the answer is written, every layer's cache is read: how many KV heads
 hold all the asked value's bytes (``RecallItem.value_span``; a head without them cannot copy the
 value) and how many hold some of every planted line (the demo's measure). The report sums this
 over the answered and the missed items, then lists the missed ones; it names a missed target's
@@ -51,7 +51,8 @@ class Reading:
 
 
 def read_items(model, items) -> list[Reading]:
-    """Answer ``items`` (one task and length) with ``model`` and read its caches at the answer."""
+    """Answer ``items`` (one task and length) with ``model`` and read its caches once the answer
+    is written: each layer's ``positions (B, H, C)``, row ``b`` for item ``b`` of a batch."""
     readings = []
     for start in range(0, len(items), BATCH):
         batch = items[start : start + BATCH]
@@ -68,14 +69,14 @@ def read_items(model, items) -> list[Reading]:
 
 def report(readings: list[Reading], heads: int, title: str) -> str:
     """A markdown report of ``readings``: a summary by outcome, then one row per missed item."""
-    slots = heads * len(readings[0].value_heads)  # (layer, head) pairs
+    pairs = heads * len(readings[0].value_heads)  # (layer, head) pairs
     lines = [
         f"# {title}",
         "",
-        "At the answer, per item: the (layer, KV head) pairs holding every byte of the asked "
-        f"value, out of {slots}, and the items where no pair holds it; per missed item, the "
-        f"heads of each layer (of {heads}) holding the value and holding some of every planted "
-        "line. Written by `benchmarks/recall_misses.py`.",
+        "Once the answer is written, per item: the (layer, KV head) pairs holding every byte "
+        f"of the asked value, out of {pairs}, and the items where no pair holds it; per missed "
+        f"item, the heads of each layer (of {heads}) holding the value and holding some of "
+        "every planted line. Written by `benchmarks/recall_misses.py`.",
         "",
         "| items | count | pairs holding the value (mean) | no pair holds the value |",
         "|---|---|---|---|",
@@ -86,8 +87,8 @@ def report(readings: list[Reading], heads: int, title: str) -> str:
             lines.append(f"| {label} | 0 | – | – |")
             continue
         mean = sum(sum(r.value_heads) for r in group) / len(group)
-        none = sum(not any(r.value_heads) for r in group)
-        lines.append(f"| {label} | {len(group)} | {mean:.1f} | {none} |")
+        unheld = sum(not any(r.value_heads) for r in group)
+        lines.append(f"| {label} | {len(group)} | {mean:.1f} | {unheld} |")
     missed = [r for r in readings if not r.right]
     if missed:
         lines += [
@@ -127,8 +128,9 @@ def main(argv=None) -> str:
     readings = read_items(policy_model, items)
     right = sum(r.right for r in readings)
     title = (
-        f"What {method.name} holds at the answer: {args.task}@{args.length}, prefill, "
-        f"{right}/{len(readings)} held-out items answered (window {method.window})"
+        f"What {method.name} holds once it has answered: {args.task}@{args.length}, prefill, "
+        f"{right}/{len(readings)} held-out items answered (window {method.window}, score "
+        f"spread {method.priority_span})"
     )
     text = report(readings, model.config.num_key_value_heads, title)
     out = args.out or RESULTS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -118,8 +119,13 @@ def test_value_span_is_the_asked_value_inside_the_first_evidence_line(items):
         for it in batch:
             start, end = it.value_span
             assert it.prompt[start:end] == _value(it)
+            # Every planted source line ends "= 4821\n" (lookup, multi_key, chain) or
+            # "return 4821\n" (call): the value's last digit is the line's last byte but one.
             first_start, first_end = it.evidence[0]
-            assert first_start < start < end < first_end  # the line ends with "\n" after it
+            assert first_start < start and end == first_end - 1
+    broken = dataclasses.replace(batch[0], answer=b"0000")
+    with pytest.raises(ValueError, match="does not hold its answer's value b'0000'"):
+        _ = broken.value_span
 
 
 def test_the_asked_name_is_defined_once_and_asked_once(items):

@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from benchmarks import recall_misses
+from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.kept import heads_holding_evidence, heads_holding_span
+from kvpop_compile.evaluation.methods import Method, build_model
+from kvpop_compile.evaluation.recall import RECALL_SEED
 
 
 def test_a_head_holds_a_span_only_with_every_position_of_it():
@@ -17,8 +21,11 @@ def test_a_head_holds_a_span_only_with_every_position_of_it():
     assert heads_holding_span(positions, 8, 9).tolist() == [True, True, False]
     # Some of every evidence line is enough for the evidence measure, not for the span's.
     assert heads_holding_evidence(positions, [(4, 6), (9, 11)]).tolist() == [False, True, False]
-    with pytest.raises(ValueError, match=r"span \[5, 5\) is empty"):
-        heads_holding_span(positions, 5, 5)
+    for start, end in ((5, 5), (-1, 3)):
+        with pytest.raises(ValueError, match=rf"span \[{start}, {end}\) is not a span"):
+            heads_holding_span(positions, start, end)
+    with pytest.raises(ValueError, match="evidence is empty"):
+        heads_holding_evidence(positions, [])
 
 
 def test_the_report_sums_by_outcome_and_lists_each_miss():
@@ -35,6 +42,26 @@ def test_the_report_sums_by_outcome_and_lists_each_miss():
     assert item_rows == []  # answered items get no row
 
 
+@pytest.fixture(scope="module")
+def model():
+    return load_embedded_model()
+
+
+def test_a_cache_that_evicts_nothing_holds_every_value_in_every_head(model):
+    # 256-byte items under the 512-token budget: nothing leaves the cache, so every head of
+    # every layer holds the value and the planted lines, item by item through the batch.
+    window = build_model(model, Method("window", "75%"))
+    for task in TASKS:
+        batch = recall_items("held_out", task, 256, 2, RECALL_SEED)
+        readings = recall_misses.read_items(window, batch)
+        heads = model.config.num_key_value_heads
+        layers = model.config.num_hidden_layers
+        assert [r.index for r in readings] == [0, 1]
+        assert all(r.value_heads == [heads] * layers for r in readings)
+        assert all(r.evidence_heads == [heads] * layers for r in readings)
+        assert [r.expected for r in readings] == [i.answer for i in batch]
+
+
 def test_the_window_heuristic_never_holds_a_value_far_back(tmp_path):
     # A window cache holds sinks and recent bytes only; the value sits half a context back,
     # so no head of any layer can hold it, whatever the model answers.
@@ -44,10 +71,11 @@ def test_the_window_heuristic_never_holds_a_value_far_back(tmp_path):
          "--items", "2", "--out", str(out)]
     )  # fmt: skip
     assert out.read_text() == text
-    assert "What window @ 88% holds at the answer: lookup@1024" in text
+    assert "What window @ 88% holds once it has answered: lookup@1024" in text
     rows = [line for line in text.splitlines() if line.startswith(("| answered", "| missed"))]
-    counts = [int(row.split("|")[2]) for row in rows]
-    assert sum(counts) == 2
-    assert all(row.endswith(" – | – |") or " 0.0 |" in row for row in rows)
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert sum(int(c[1]) for c in cells) == 2
+    # Every item that has one: no pair holds its value.
+    assert all(c[2:] == ["–", "–"] or c[2:] == ["0.0", c[1]] for c in cells)
     with pytest.raises(SystemExit):
         recall_misses.main(["--items", "0"])

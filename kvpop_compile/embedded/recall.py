@@ -68,7 +68,11 @@ class RecallItem:
         with them, and they occur once, in the first evidence line): what a cache must hold for
         the value to be copied."""
         value = self.answer[-VALUE_DIGITS:]
-        start = self.prompt.index(value)
+        start = self.prompt.find(value)
+        if start < 0:
+            raise ValueError(
+                f"the prompt of this {self.task} item does not hold its answer's value {value!r}"
+            )
         return start, start + VALUE_DIGITS
 
 

@@ -15,6 +15,8 @@ def heads_holding_evidence(positions: torch.Tensor, evidence) -> torch.Tensor:
 
     ``positions (H, C)`` are one layer's cached positions; ``evidence`` is the item's
     ``[start, end)`` byte spans (``RecallItem.evidence``)."""
+    if not evidence:
+        raise ValueError("evidence is empty: give at least one [start, end) span")
     held = [((positions >= start) & (positions < end)).any(dim=-1) for start, end in evidence]
     return torch.stack(held).all(dim=0)
 
@@ -22,7 +24,7 @@ def heads_holding_evidence(positions: torch.Tensor, evidence) -> torch.Tensor:
 def heads_holding_span(positions: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """``(H,)`` bool: which heads hold every position of ``[start, end)`` (for example the
     asked value, ``RecallItem.value_span``) in ``positions (H, C)``."""
-    if end <= start:
-        raise ValueError(f"span [{start}, {end}) is empty: end must exceed start")
+    if start < 0 or end <= start:
+        raise ValueError(f"span [{start}, {end}) is not a span of positions: need 0 <= start < end")
     wanted = torch.arange(start, end, device=positions.device)
     return (positions[:, :, None] == wanted).any(dim=1).all(dim=-1)
