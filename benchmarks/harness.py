@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpop_compile.atomic import atomic_write
 from kvpop_compile.evaluation.long_context_report import table
 
 # Shared with `kvpop-compile bench`, so they live in the package (the wheel has no benchmarks/).
@@ -142,3 +143,10 @@ class Section:
         if self.targets:
             parts.append("\n".join(target.line() for target in self.targets))
         return "\n\n".join(parts)
+
+
+def write_report(out: Path, text: str) -> None:
+    """Write ``text`` to ``out`` whole (its folder made if need be) and print it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
+    print(text)

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 
 import torch  # noqa: E402
 
-from kvpop_compile.atomic import atomic_write  # noqa: E402
+from benchmarks.harness import write_report  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, recall_items  # noqa: E402
 from kvpop_compile.evaluation.kept import heads_holding_evidence, heads_holding_span  # noqa: E402
@@ -81,15 +81,14 @@ def report(readings: list[Reading], heads: int, title: str) -> str:
         "| items | count | pairs holding the value (mean) | no pair holds the value |",
         "|---|---|---|---|",
     ]
-    for label, group in (("answered", [r for r in readings if r.right]),
-                         ("missed", [r for r in readings if not r.right])):  # fmt: skip
+    missed = [r for r in readings if not r.right]
+    for label, group in (("answered", [r for r in readings if r.right]), ("missed", missed)):
         if not group:
             lines.append(f"| {label} | 0 | – | – |")
             continue
         mean = sum(sum(r.value_heads) for r in group) / len(group)
         unheld = sum(not any(r.value_heads) for r in group)
         lines.append(f"| {label} | {len(group)} | {mean:.1f} | {unheld} |")
-    missed = [r for r in readings if not r.right]
     if missed:
         lines += [
             "",
@@ -133,10 +132,7 @@ def main(argv=None) -> str:
         f"spread {method.priority_span})"
     )
     text = report(readings, model.config.num_key_value_heads, title)
-    out = args.out or RESULTS
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
-    print(text)
+    write_report(args.out or RESULTS, text)
     return text
 
 

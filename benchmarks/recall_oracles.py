@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's packages
 
 import torch  # noqa: E402
 
-from kvpop_compile.atomic import atomic_write  # noqa: E402
+from benchmarks.harness import write_report  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.corpus import encode  # noqa: E402
 from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noqa: E402
@@ -160,7 +160,7 @@ def main(argv=None) -> None:
     model.config._attn_implementation = "eager"  # attention maps for the oracles' scores
     if args.text:
         text = text_oracles(model, args.sequences)
-        _write(args.out or TEXT_RESULTS, text)
+        write_report(args.out or TEXT_RESULTS, text)
         return
     budget = "88%"
     window_model = build_model(model, Method("window", budget))
@@ -199,13 +199,7 @@ def main(argv=None) -> None:
         total = sum(right[row].values())
         cells = " | ".join(f"{right[row][t]}/{args.items}" for t in tasks)
         lines.append(f"| {row} | {cells} | {total}/{args.items * len(tasks)} |")
-    _write(args.out or RESULTS, "\n".join(lines) + "\n")
-
-
-def _write(out: Path, text: str) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
-    print(text)
+    write_report(args.out or RESULTS, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

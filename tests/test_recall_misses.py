@@ -51,11 +51,10 @@ def test_a_cache_that_evicts_nothing_holds_every_value_in_every_head(model):
     # 256-byte items under the 512-token budget: nothing leaves the cache, so every head of
     # every layer holds the value and the planted lines, item by item through the batch.
     window = build_model(model, Method("window", "75%"))
+    heads, layers = model.config.num_key_value_heads, model.config.num_hidden_layers
     for task in TASKS:
         batch = recall_items("held_out", task, 256, 2, RECALL_SEED)
         readings = recall_misses.read_items(window, batch)
-        heads = model.config.num_key_value_heads
-        layers = model.config.num_hidden_layers
         assert [r.index for r in readings] == [0, 1]
         assert all(r.value_heads == [heads] * layers for r in readings)
         assert all(r.evidence_heads == [heads] * layers for r in readings)
