@@ -40,7 +40,11 @@ a finished run in ``--work`` measured (its report's steps) with this run's measu
 best, without training again (the folder's own ``scorer/`` stays the run's choice);
 ``training.json`` then records both measures and the training command. The test suite differs
 between Python releases, so the record holds the Python version and the SHA-256 of the items
-measured.
+measured. ``--select-measure probability`` measures each item by the probability the candidate
+gives its exact answer (teacher-forced) instead of whether the greedy answer is exact: two
+candidates that answer as many items exactly still differ in it, so it ranks them.
+``--select-at saved`` (with ``--reselect``) measures the candidates at each saved capacity and
+window instead of the training ones, so each saved scorer is the run's best for its own budget.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
 and saved for 256 of its 512 slots and 96 of 256::
@@ -94,12 +98,16 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
-from kvpop_compile.evaluation.recall import answer_exactly  # noqa: E402
+from kvpop_compile.evaluation.recall import answer_exactly, answer_probability  # noqa: E402
 from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
 from kvpop_compile.training.selection import CandidateSelection  # noqa: E402
 from kvpop_compile.training.trainer import CHECKPOINT  # noqa: E402
 
 SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
+# What a candidate is measured by, per item: its exact greedy answer (1 or 0), or the probability
+# it gives the exact answer (exact match's smooth counterpart, which ranks candidates that answer
+# the same number of items).
+SELECT_MEASURES = {"exact": answer_exactly, "probability": answer_probability}
 RUN_RECORD = "run.json"  # in a work folder: the command that trains there, and its measure
 
 
@@ -164,6 +172,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(validation: code the model never saw, and no benchmark asks about)",
     )  # fmt: skip
     p.add_argument(
+        "--select-measure", default="exact", choices=sorted(SELECT_MEASURES),
+        help="per item: exact (the greedy answer is exact, 1 or 0) or probability (of the exact "
+        "answer, teacher-forced); a candidate's measure is the mean over the items",
+    )  # fmt: skip
+    p.add_argument(
+        "--select-at", default="training", choices=["training", "saved"],
+        help="measure candidates at the training capacity and window, or (with --reselect) at "
+        "each saved capacity and window, so that each saved scorer is chosen for its own budget",
+    )  # fmt: skip
+    p.add_argument(
         "--reselect", action="store_true",
         help="measure the candidates a finished run in --work measured with this run's selection "
         "measure and keep the best, instead of the one the run kept (the work folder's scorer/ "
@@ -222,10 +240,14 @@ def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallIte
     return [recall_items(split, task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
 
 
-def recall_selection(model_path, config: kc.KVpopConfig, groups: list[list[RecallItem]]):
-    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the share of the items of
-    ``groups`` (:func:`selection_items`) that a candidate scorer answers exactly, loaded into the
-    model transformed with ``config`` (prefill protocol)."""
+def recall_selection(
+    model_path, config: kc.KVpopConfig, groups: list[list[RecallItem]], measure: str = "exact"
+):
+    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the mean over the items of
+    ``groups`` (:func:`selection_items`) of :data:`SELECT_MEASURES` ``[measure]`` (the share
+    answered exactly, or the mean probability of the exact answer) for a candidate scorer loaded
+    into the model transformed with ``config`` (prefill protocol)."""
+    per_item = SELECT_MEASURES[measure]
 
     @functools.cache  # made at the first measure: a resumed, finished run measures nothing
     def transformed():
@@ -233,13 +255,13 @@ def recall_selection(model_path, config: kc.KVpopConfig, groups: list[list[Recal
 
     def select(folder: Path) -> float:
         model = kc.load_scorer(transformed(), folder)
-        exact = [
-            answer
+        values = [
+            value
             for items in groups
             for start in range(0, len(items), SELECT_BATCH)
-            for answer in answer_exactly(model, items[start : start + SELECT_BATCH], "prefill")
+            for value in per_item(model, items[start : start + SELECT_BATCH], "prefill")
         ]
-        return sum(exact) / len(exact)
+        return sum(values) / len(values)
 
     return select
 
@@ -270,12 +292,19 @@ def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopCon
 
 
 def selection_spec(args) -> dict | None:
-    """The run's selection measure: its split, items per task and seed (None: none)."""
+    """The run's selection measure: its split, items per task and seed, and its per-item
+    measure and where it measures when not the defaults (exact, at the training budget: what a
+    record without them, written before they existed, measured). None: no selection."""
     if not args.select_items:
         return None
-    return {
+    spec = {
         "split": args.select_split, "items_per_task": args.select_items, "seed": args.select_seed
     }  # fmt: skip
+    if args.select_measure != "exact":
+        spec["measure"] = args.select_measure
+    if args.select_at != "training":
+        spec["at"] = args.select_at
+    return spec
 
 
 def claim_work(work: Path, command: str, spec: dict | None) -> None:
@@ -322,18 +351,20 @@ def finished_run(work: Path, steps: int) -> dict:
     return json.loads(record.read_text()) if record.is_file() else {}
 
 
-def reselect(select, work: Path, report, selection: dict, run: dict, cache: dict):
-    """Choose again, with ``select``, among the candidates the finished run in ``work`` saved
-    (``report``: its training report; ``run``: its run record). Returns the kept candidate's
-    folder and ``selection`` with the new measures, what measuring took, and what the run had
-    measured and kept (``during_training``). Capacities trained at one capacity share a work
-    folder, so ``cache`` (work folder -> its measured candidates, minutes) measures each once."""
-    if work not in cache:
+def reselect(select, key: tuple, report, selection: dict, run: dict, cache: dict):
+    """Choose again, with ``select``, among the candidates the finished run in ``key[0]`` (its
+    work folder) saved (``report``: its training report; ``run``: its run record). Returns the
+    kept candidate's folder and ``selection`` with the new measures, what measuring took, and
+    what the run had measured and kept (``during_training``). Capacities trained at one capacity
+    share a work folder, and measured at the training budget they share a measure, so ``cache``
+    (``key``: work folder and the budget measured at -> its measured candidates, minutes)
+    measures each once."""
+    if key not in cache:
         start = time.perf_counter()
-        candidates = CandidateSelection(select, work)
+        candidates = CandidateSelection(select, key[0])
         candidates.measure_saved([m["step"] for m in report.selections])
-        cache[work] = candidates, round((time.perf_counter() - start) / 60, 2)
-    candidates, minutes = cache[work]
+        cache[key] = candidates, round((time.perf_counter() - start) / 60, 2)
+    candidates, minutes = cache[key]
     kept = candidates.best_step()
     during = {
         "command": run.get("command"), "selection": run.get("selection"),
@@ -352,6 +383,13 @@ def main(argv=None) -> None:
         raise SystemExit(f"--select-items must be 0 or more, got {args.select_items}")
     if args.reselect and not args.select_items:
         raise SystemExit("--reselect chooses by the selection measure: give --select-items N")
+    if args.select_at == "saved" and not args.reselect:
+        # Capacities trained at one capacity share one run, which keeps one candidate; each
+        # saved budget gets its own choice only among a finished run's candidates.
+        raise SystemExit(
+            "--select-at saved chooses among a finished run's candidates for each saved "
+            "budget: train with --select-at training first, then add --reselect"
+        )
     same_items = args.select_split == "train" and args.select_seed == args.seed
     if args.select_items and args.recall_fraction and same_items:
         raise SystemExit(
@@ -371,7 +409,7 @@ def main(argv=None) -> None:
     eval_fraction = args.eval_sequences / total
     command = " ".join(["python scripts/train_embedded_scorers.py", *argv])
     spec = selection_spec(args)
-    measured_once: dict[Path, tuple] = {}  # --reselect: work folder -> its measured candidates
+    measured_once: dict[tuple, tuple] = {}  # --reselect: (work, budget) -> measured candidates
     # The items do not depend on the policy or capacity; made before any work folder is claimed,
     # since making them may stop the run (validation text missing).
     groups = None if spec is None else selection_items(
@@ -385,7 +423,10 @@ def main(argv=None) -> None:
             model = load_embedded_model(path=args.model)
             work = args.work / f"{policy}-{trained_at}"
             run = finished_run(work, args.steps) if args.reselect else {}
-            select = None if groups is None else recall_selection(args.model, train_config, groups)
+            select_config = config if args.select_at == "saved" else train_config
+            select = None if groups is None else recall_selection(
+                args.model, select_config, groups, args.select_measure
+            )  # fmt: skip
             if not args.reselect:
                 claim_work(work, command, spec)
             print(f"{policy} trained at capacity {trained_at}: {train_config}", flush=True)
@@ -407,7 +448,8 @@ def main(argv=None) -> None:
                     "measured": report.selections, "kept_step": report.selected_step,
                 }  # fmt: skip
             if args.reselect:
-                scorer, selection = reselect(select, work, report, selection, run, measured_once)
+                key = (work, select_config)
+                scorer, selection = reselect(select, key, report, selection, run, measured_once)
             minutes = (time.perf_counter() - start) / 60
             starting_scorer = None
             if args.init_from is not None:

@@ -23,6 +23,7 @@ from kvpop_compile.evaluation.protocols import greedy_continuation
 from kvpop_compile.evaluation.recall import (
     RecallSettings,
     answer_exactly,
+    answer_probability,
     decode_stretch,
     recall_settings_record,
     run_recall,
@@ -61,6 +62,35 @@ def test_exact_match_is_every_answer_byte(model):
     ]
     # Asked after no stretch, the question is the same prompt fed in two parts.
     assert answer_exactly(model, own, "decode", stretch=0) == [1.0, 1.0]
+
+
+def test_answer_probability_is_the_teacher_forced_product_of_the_answer_tokens(model):
+    """Under full attention, the answer's probability is the product of its tokens'
+    probabilities in one forward pass over prompt + answer; a cache that never evicts gives the
+    same, asked either way (decode after no stretch is the same prompt fed in two parts)."""
+    items = recall_items("held_out", "call", 1024, 2, 0)
+    answer_length = len(items[0].answer)
+    ids = torch.stack([encode(i.prompt + i.answer) for i in items])  # (B, P + A)
+    with torch.no_grad():
+        log_probs = model(input_ids=ids).logits.float().log_softmax(dim=-1)
+    predicted = log_probs[:, -answer_length - 1 : -1]  # positions that predict the answer
+    answers = ids[:, -answer_length:]
+    expected = predicted.gather(-1, answers.unsqueeze(-1)).squeeze(-1).sum(dim=1).exp()
+    full = answer_probability(model, items, "prefill")
+    torch.testing.assert_close(
+        torch.tensor(full, dtype=torch.float64), expected.double(), rtol=1e-4, atol=1e-6
+    )
+    bounded = transform(copy.deepcopy(model), budget_config("window", 2048))  # evicts nothing
+    for protocol in ("prefill", "decode"):
+        torch.testing.assert_close(
+            answer_probability(bounded, items, protocol), full, rtol=1e-4, atol=1e-6
+        )
+    # A wrong last byte: its probability is that of a token the greedy answer did not pick.
+    assert answer_exactly(model, items, "prefill") == [1.0, 1.0]
+    wrong = bytearray(items[0].answer)
+    wrong[-1] = (wrong[-1] + 1) % 256
+    lowered = answer_probability(model, [_with_answer(items[0], bytes(wrong)), items[1]], "prefill")
+    assert lowered[0] < full[0] and lowered[1] == pytest.approx(full[1], rel=1e-5)
 
 
 def test_a_budget_that_holds_everything_answers_like_full_attention(model):

@@ -85,7 +85,7 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
         splits.append(split)
         return [[] for _ in TASKS]
 
-    def selection(model_path, config, groups):
+    def selection(model_path, config, groups, measure):
         split = splits[-1]  # training measures tie (the later step is kept); validation wants 0
         return lambda folder: 0.5 if split == "train" else float(folder.name == "step-000000")
 
@@ -145,3 +145,54 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
         read_tensors(candidates / "step-000001"),
     )
     assert all(torch.equal(own[k], step1[k]) for k in own)  # the run's own choice stays
+
+
+def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_path, monkeypatch):
+    module = _script()
+    measured = []  # (capacity, window, per-item measure, step) of every candidate measured
+
+    def selection(model_path, config, groups, measure="exact"):
+        capacity = config.sinks + config.window + config.topk
+
+        def select(folder):
+            step = int(folder.name.removeprefix("step-"))
+            measured.append((capacity, config.window, measure, step))
+            return float((step == 0) == (capacity == 512))  # 512 wants step 0, 256 step 1
+
+        return select
+
+    monkeypatch.setattr(module, "selection_items", lambda *_: [[] for _ in TASKS])
+    monkeypatch.setattr(module, "recall_selection", selection)
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--policies", "memory", "--capacities", "512", "256", "--windows", "128", "96",
+              "--train-capacity", "256", "--train-window", "96", "--steps", "1",
+              "--batch-size", "1", "--eval-sequences", "1", "--eval-every", "1",
+              "--priority-span", "10", "--init-from", str(scorer_folder("mlp", 256)),
+              "--scorer-hidden", "256", "--select-items", "1",
+              "--work", str(work), "--out", str(out)]  # fmt: skip
+    with pytest.raises(SystemExit, match="--select-at saved chooses among a finished run's"):
+        module.main([*common, "--select-at", "saved"])
+    module.main(common)
+    assert measured == [(256, 96, "exact", 0), (256, 96, "exact", 1)]  # once, while training
+    measured.clear()
+    module.main([*common, "--select-measure", "probability", "--select-at", "saved", "--reselect"])
+    # Each saved budget measures the run's candidates at its own capacity and window.
+    assert measured == [(512, 128, "probability", s) for s in (0, 1)] + [
+        (256, 96, "probability", s) for s in (0, 1)
+    ]
+    candidates = work / "memory-256" / "candidates"
+    for capacity, kept in ((512, 0), (256, 1)):
+        selection = json.loads((out / f"memory-{capacity}" / "training.json").read_text())[
+            "selection"
+        ]
+        assert (selection["measure"], selection["at"], selection["kept_step"]) == (
+            "probability", "saved", kept
+        )  # fmt: skip
+        assert selection["during_training"]["selection"] == {
+            "split": "train", "items_per_task": 1, "seed": 99
+        }  # fmt: skip
+        saved, candidate = (
+            read_tensors(out / f"memory-{capacity}"),
+            read_tensors(candidates / f"step-{kept:06d}"),
+        )
+        assert all(torch.equal(saved[k], candidate[k]) for k in saved)

@@ -81,12 +81,11 @@ def greedy_tokens(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> 
     return torch.cat(tokens, dim=1)
 
 
-@torch.no_grad()
-def greedy_answers(
-    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
+def _ask(
+    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int
 ) -> tuple[torch.Tensor, object]:
-    """The greedy answers ``(B, answer length)`` to ``items`` under ``protocol``, and the cache
-    as it is after the last answer token was chosen. ``items`` share one length and answer
+    """Ask ``items`` under ``protocol``: the next-token logits ``(B, vocab)`` once the whole
+    question is in the model's cache, and that cache. ``items`` share one length and answer
     length (items of one length and task do)."""
     if protocol not in RECALL_PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(RECALL_PROTOCOLS)}; got {protocol!r}")
@@ -96,16 +95,25 @@ def greedy_answers(
     prompts = torch.stack([encode(i.prompt) for i in items])
     cache = model_cache(model)
     if protocol == "prefill":
-        logits = feed_tokens(model, prompts, cache)
-    else:
-        # The question is the prompt's last line; every item of a task ends with the same one
-        # length-wise, so one cut serves the batch.
-        cut = items[0].prompt.rindex(b"\n") + 1
-        logits = feed_tokens(model, prompts[:, :cut], cache)
-        if stretch:
-            generated = greedy_tokens(model, logits, cache, stretch)
-            feed_tokens(model, generated[:, -1:], cache)  # the stretch's last token enters too
-        logits = feed_tokens(model, prompts[:, cut:], cache)
+        return feed_tokens(model, prompts, cache), cache
+    # The question is the prompt's last line; every item of a task ends with the same one
+    # length-wise, so one cut serves the batch.
+    cut = items[0].prompt.rindex(b"\n") + 1
+    logits = feed_tokens(model, prompts[:, :cut], cache)
+    if stretch:
+        generated = greedy_tokens(model, logits, cache, stretch)
+        feed_tokens(model, generated[:, -1:], cache)  # the stretch's last token enters too
+    return feed_tokens(model, prompts[:, cut:], cache), cache
+
+
+@torch.no_grad()
+def greedy_answers(
+    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
+) -> tuple[torch.Tensor, object]:
+    """The greedy answers ``(B, answer length)`` to ``items`` under ``protocol``, and the cache
+    as it is after the last answer token was chosen. ``items`` share one length and answer
+    length (items of one length and task do)."""
+    logits, cache = _ask(model, items, protocol, stretch)
     return greedy_tokens(model, logits, cache, len(items[0].answer)), cache
 
 
@@ -117,6 +125,25 @@ def answer_exactly(
     tokens, _ = greedy_answers(model, items, protocol, stretch)
     answers = torch.stack([encode(i.answer) for i in items])
     return (tokens == answers).all(dim=1).double().tolist()
+
+
+@torch.no_grad()
+def answer_probability(
+    model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
+) -> list[float]:
+    """Per item, the probability the model gives its exact answer: the product over the answer's
+    tokens of each one's probability, the earlier ones fed in (teacher forcing; arguments as
+    :func:`greedy_answers`). Exact match's smooth counterpart: it moves with every change to what
+    the cache holds, not only with one that flips an argmax, so it ranks policies that answer
+    the same number of items exactly."""
+    logits, cache = _ask(model, items, protocol, stretch)
+    answers = torch.stack([encode(i.answer) for i in items])  # (B, A)
+    steps = [logits]
+    for index in range(answers.shape[1] - 1):  # one token at a time, as the greedy answer is
+        steps.append(feed_tokens(model, answers[:, index : index + 1], cache))
+    log_probs = torch.stack(steps, dim=1).float().log_softmax(dim=-1)  # (B, A, vocab)
+    chosen = log_probs.gather(-1, answers.unsqueeze(-1)).squeeze(-1)  # (B, A)
+    return chosen.sum(dim=1).exp().double().tolist()
 
 
 def recall_groups(settings: RecallSettings) -> dict[tuple[str, int], list[RecallItem]]:
