@@ -254,7 +254,7 @@ def recall_selection(
         return kc.transform(load_embedded_model(path=model_path), config)
 
     def select(folder: Path) -> float:
-        model = kc.load_scorer(transformed(), folder)
+        model = with_tensors(transformed(), folder)
         values = [
             value
             for items in groups
@@ -273,19 +273,24 @@ def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConf
     return dataclasses.replace(config, scorer_hidden=args.scorer_hidden)
 
 
+def with_tensors(transformed, scorer: Path):
+    """``transformed`` (a transformed model) with the saved ``scorer``'s tensors in its scorers.
+    Tensors only: load_scorer would refuse a window other than the one trained with, and running
+    a scorer at another window (--windows, --select-at saved) is this script's point; names and
+    shapes are still checked layer by layer."""
+    load_layers(
+        [layer.self_attn.scorer for layer in transformed.model.layers], read_tensors(scorer)
+    )
+    return transformed
+
+
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
     """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
     ``config`` (``model`` transformed with it carries the weights, whatever capacity and window
     the scorer was trained at)."""
 
     def write(folder: Path) -> None:
-        transformed = kc.transform(model, config)
-        # Tensors only: load_scorer would refuse a window other than the one trained with, and
-        # saving a scorer for another window (--windows) is this script's point; names and
-        # shapes are still checked layer by layer.
-        scorers = [layer.self_attn.scorer for layer in transformed.model.layers]
-        load_layers(scorers, read_tensors(scorer))
-        kc.save_scorer(transformed, folder)
+        kc.save_scorer(with_tensors(kc.transform(model, config), scorer), folder)
         (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
     replace_folder(target, write)

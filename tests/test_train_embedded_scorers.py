@@ -10,7 +10,7 @@ import torch
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
-from kvpop_compile.embedded.recall import TASKS
+from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
@@ -196,3 +196,23 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
             read_tensors(candidates / f"step-{kept:06d}"),
         )
         assert all(torch.equal(saved[k], candidate[k]) for k in saved)
+
+
+def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_with():
+    """--select-at saved runs a candidate saved at the training window (96 for the shipped
+    memory-256) at a saved budget's own (256 of 512): by tensors, as the install does, and the
+    measure is the one of that budget, not of the window saved."""
+    module = _script()
+    args = module.parse_args(["--priority-span", "10", "--scorer-hidden", "256"])
+    groups = [recall_items("train", "lookup", 2048, 1, 99)]
+    folder = scorer_folder("memory", 256)
+    assert saved_config(folder).window == 96
+
+    def measure(window, kind="probability"):
+        config = module.scorer_config("memory", 512, window, args)
+        return module.recall_selection(None, config, groups, kind)(folder)
+
+    at_256, at_96 = measure(256), measure(96)
+    assert 0.0 < at_256 <= 1.0 and 0.0 < at_96 <= 1.0
+    assert at_256 != at_96  # another window keeps other tokens
+    assert measure(256, "exact") in (0.0, 1.0)
