@@ -47,25 +47,27 @@ candidates that answer as many items exactly still differ in it, so it ranks the
 window instead of the training ones, so each saved scorer is the run's best for its own budget.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
-and saved for 256 of its 512 slots and 96 of 256::
+and saved for 256 of its 512 slots and 96 of 256 (the run with ``--seed 1``; candidates at steps
+0, 50 and 100, saved by a one-item-per-task measure)::
 
     python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \\
         --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\
         --scorer-hidden 256
+    python scripts/train_embedded_scorers.py --policies memory --capacities 256 --windows 96 \\
+        --train-window 96 --train-capacity 256 --recall-fraction 0.5 --target max \\
+        --priority-span 10 --scorer-hidden 256 --init-from kvpop_compile/embedded/scorers/mlp-256 \\
+        --lr 3e-4 --steps 100 --eval-every 50 --select-items 1 --select-split validation \\
+        --seed 1 --threads 1
+
+then that run's candidates chosen again for each saved budget by the probability of the exact
+answer on 64 validation items per task (step 50 kept for both), in the same ``--work`` folder::
+
     python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
         --windows 256 96 --train-window 96 --train-capacity 256 --recall-fraction 0.5 \\
         --target max --priority-span 10 --scorer-hidden 256 \\
-        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 25 \\
-        --select-items 32 --threads 1
-
-then that run's ``memory`` candidates chosen again on validation items (step 50 kept), in the
-same ``--work`` folder::
-
-    python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
-        --windows 256 96 --train-window 96 --train-capacity 256 --recall-fraction 0.5 \\
-        --target max --priority-span 10 --scorer-hidden 256 \\
-        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 25 \\
-        --select-items 64 --select-split validation --reselect --threads 2
+        --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 50 \\
+        --seed 1 --select-items 64 --select-split validation --select-measure probability \\
+        --select-at saved --reselect --threads 2
 """
 
 from __future__ import annotations
