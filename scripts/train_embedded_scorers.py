@@ -28,27 +28,28 @@ at the end attends to a definition far back, which is what a scorer must learn t
 sequence is one 2048-byte window or one item, so packing never cuts an item.
 
 ``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
-starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of
-the scorers at step 0 and at every evaluation, the one that answers the most of ``N`` recall items
-per task exactly at the training capacity (prefill protocol). Those items are drawn with
-``--select-seed`` from ``--select-split``: ``train`` (training files, never the training items'
-seed) or ``validation`` (the standard library's test folder, which the corpus leaves out: code
-the model never saw, as the held-out files are to it, and that no benchmark asks about). Never
-held-out items. A work folder's ``run.json`` records the command that trains there and its
-measure, and a run with another measure is refused there. ``--reselect`` measures the candidates
-a finished run in ``--work`` measured (its report's steps) with this run's measure and keeps the
-best, without training again (the folder's own ``scorer/`` stays the run's choice);
-``training.json`` then records both measures and the training command. The test suite differs
-between Python releases, so the record holds the Python version and the SHA-256 of the items
-measured. ``--select-measure probability`` measures each item by the probability the candidate
-gives its exact answer (teacher-forced) instead of whether the greedy answer is exact: two
-candidates that answer as many items exactly still differ in it, so it ranks them.
-``--select-at saved`` (with ``--reselect``) measures the candidates at each saved capacity and
-window instead of the training ones, so each saved scorer is the run's best for its own budget.
+starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of the
+scorers at step 0 and at every evaluation, the best on ``N`` recall items per task (prefill
+protocol; by default the one answering the most of them exactly at the training capacity). Those
+items are drawn with ``--select-seed`` from ``--select-split``: ``train`` (training files, never the
+training items' seed) or ``validation`` (the standard library's test folder, which the corpus leaves
+out: code the model never saw, as the held-out files are to it, and that no benchmark asks about).
+Never held-out items. A work folder's ``run.json`` records the command that trains there and its
+measure, and a run with another measure is refused there. ``--reselect`` measures the candidates a
+finished run in ``--work`` measured (its report's steps) with this run's measure and keeps the best,
+without training again (the folder's own ``scorer/`` stays the run's choice); ``training.json`` then
+records both measures and the training command. The test suite differs between Python releases, so
+the record holds the Python version and the SHA-256 of the items measured. ``--select-measure
+probability`` measures each item by the probability the candidate gives its exact answer
+(teacher-forced) instead of whether the greedy answer is exact: two candidates that answer as many
+items exactly still differ in it, so it ranks them. ``--select-at saved`` (with ``--reselect``)
+measures the candidates at each saved capacity and window instead of the training ones, so each
+saved scorer is the run's best for its own budget.
 
 The shipped scorers: ``mlp`` first, then ``memory`` started from it, trained with a window of 96
 and saved for 256 of its 512 slots and 96 of 256 (the run with ``--seed 1``; candidates at steps
-0, 50 and 100, saved by a one-item-per-task measure)::
+0, 50 and 100, saved by a one-item-per-task measure whose own choice the second command below
+replaces; the runs were made with ``--work`` and ``--out`` in scratch folders)::
 
     python scripts/train_embedded_scorers.py --policies mlp --capacities 512 256 \\
         --train-capacity 256 --recall-fraction 0.5 --target max --priority-span 10 \\

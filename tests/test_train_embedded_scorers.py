@@ -13,6 +13,7 @@ from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import budget_config, scorer_folder
+from kvpop_compile.evaluation.recall import answer_probability
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_scorers.py"
@@ -174,6 +175,9 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
         module.main([*common, "--select-at", "saved"])
     module.main(common)
     assert measured == [(256, 96, "exact", 0), (256, 96, "exact", 1)]  # once, while training
+    # Training on with another measure would mix two measures' numbers in one choice.
+    with pytest.raises(SystemExit, match="holds a run selected by .* 'measure': 'probability'"):
+        module.main([*common, "--select-measure", "probability"])
     measured.clear()
     module.main([*common, "--select-measure", "probability", "--select-at", "saved", "--reselect"])
     # Each saved budget measures the run's candidates at its own capacity and window.
@@ -208,10 +212,14 @@ def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_wit
     folder = scorer_folder("memory", 256)
     assert saved_config(folder).window == 96
 
-    def measure(window, kind="probability"):
-        config = module.scorer_config("memory", 512, window, args)
+    def measure(window, kind="probability", capacity=512):
+        config = module.scorer_config("memory", capacity, window, args)
         return module.recall_selection(None, config, groups, kind)(folder)
 
+    # At the window it was saved with, the measure is that of the scorer loaded as saved.
+    saved = kc.load_scorer(kc.transform(load_embedded_model(), saved_config(folder)), folder)
+    at_saved = measure(96, capacity=256)
+    assert at_saved == pytest.approx(answer_probability(saved, groups[0], "prefill")[0])
     at_256, at_96 = measure(256), measure(96)
     assert 0.0 < at_256 <= 1.0 and 0.0 < at_96 <= 1.0
     assert at_256 != at_96  # another window keeps other tokens
