@@ -16,16 +16,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _plain_mode(path: str | Path, mode: int) -> None:
+    """Give ``path`` the mode a plain ``open()`` (0o666) or ``mkdir()`` (0o777) would: the
+    ``tempfile`` functions create files 0600 and folders 0700, private to their owner."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
 def atomic_write(path: Path, write: Callable[[str], object]) -> None:
     """``write(temporary_path)``, then rename it to ``path``: readers never see half a file."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(handle)
     try:
         write(temporary)
-        # mkstemp creates the file private (0600); give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
+        _plain_mode(temporary, 0o666)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
@@ -39,6 +44,7 @@ def replace_folder(path: Path, build: Callable[[Path], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.building-"))
     try:
+        _plain_mode(staging, 0o777)
         build(staging)
         if path.exists():
             retired = path.with_name(f".{path.name}.replaced")
