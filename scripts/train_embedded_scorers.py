@@ -69,6 +69,10 @@ answer on 64 validation items per task (step 50 kept for both), in the same ``--
         --init-from kvpop_compile/embedded/scorers/mlp-256 --lr 3e-4 --steps 100 --eval-every 50 \\
         --seed 1 --select-items 64 --select-split validation --select-measure probability \\
         --select-at saved --reselect --threads 2
+
+and last, each ``memory`` folder saved with the priority span the same measure chose for its
+budget (8 at 88%, 6 at 75%; ``scripts/choose_priority_span.py``, which records it in
+``training.json``).
 """
 
 from __future__ import annotations

@@ -187,9 +187,13 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     }  # fmt: skip
     assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
     assert method_notes({m.name: m.record() for m in spread})[0] == (
-        "priority_span 3: memory @ 88% spread each token's score over the tokens that leave the "
-        "window after it; full attention and the heuristic policies run without it"
+        "priority_span (each token's score spread over the tokens that leave the window after "
+        "it): memory @ 88% 3, the span each trained scorer was saved with unless the run asked "
+        "for one; full attention and the heuristic policies run without it"
     )
+    # Methods with their own spans are each named with theirs.
+    own = {"memory @ 75%": {"priority_span": 6}, "mlp @ 75%": {"priority_span": 10}}
+    assert "): memory @ 75% 6, mlp @ 75% 10, the span" in method_notes(own)[0]
     assert method_notes({m.name: m.record() for m in methods(["h2o"], ["88%"])}) == []
     saved = {"full": {"policy": None, "budget": None}, "memory @ 88%": spread[1].record()}
     settings = RecallSettings(tasks=("lookup",), lengths=(1024,), items=1, protocols=("prefill",))

@@ -181,11 +181,11 @@ def method_notes(records: dict) -> list[str]:
     notes = []
     spread = {name: r["priority_span"] for name, r in records.items() if r.get("priority_span")}
     if spread:
-        spans = sorted(set(spread.values()))
+        spans = ", ".join(f"{name} {span}" for name, span in spread.items())
         notes.append(
-            f"priority_span {', '.join(map(str, spans))}: {', '.join(spread)} spread each "
-            "token's score over the tokens that leave the window after it; full attention and "
-            "the heuristic policies run without it"
+            "priority_span (each token's score spread over the tokens that leave the window "
+            f"after it): {spans}, the span each trained scorer was saved with unless the run "
+            "asked for one; full attention and the heuristic policies run without it"
         )
     wider = {name: r["window"] for name, r in records.items() if r.get("window", WINDOW) != WINDOW}
     if wider:
