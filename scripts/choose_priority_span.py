@@ -13,11 +13,14 @@ counterpart of exact match, ``evaluation/recall.answer_probability``) on ``--ite
 per task of ``--split`` (``validation`` by default: the standard library's test folder, code the
 model never saw and no benchmark asks about; never held-out items), drawn with ``--seed``.
 
-The highest mean wins. Means equal to 4 decimal places count as a tie, which keeps the span the
-folder is saved with (then the smallest span). ``FOLDER`` is then rewritten in one swap: its
-``scorer.json`` saved with the kept span (the tensors, and their SHA-256, unchanged) and its
-``training.json`` (created if absent) given a ``priority_span_selection`` record of every
-measure, the items' SHA-256 and the Python version (the test folder differs between releases).
+``--spans`` must include the span the folder is saved with, so that every other is measured
+against it. The highest mean wins, except that the saved span stays unless another beats it by
+more than :data:`TIE` (a lead inside that is a tie). ``FOLDER`` is then rewritten in one swap:
+its ``scorer.json`` saved with the kept span (the tensors, and their SHA-256, unchanged; any other
+file copied as it is) and its ``training.json`` (created if absent) given a
+``priority_span_selection`` record of every measure, the kept span, the items' SHA-256 and the
+Python version (the test folder differs between releases); a record from an earlier choice moves
+under ``replaces``. The record's own ``priority_span`` stays the span the scorer was trained with.
 The shipped ``memory`` scorers were chosen with the command above, for ``memory-512`` and
 ``memory-256``, each with ``--threads 1``.
 """
@@ -27,7 +30,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,7 +51,7 @@ from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, tensors_sha256  # noqa: E402
 
 TRAINING_RECORD = "training.json"
-TIE_PLACES = 4  # means that agree to this many decimals are a tie: the saved span stays
+TIE = 1e-4  # a lead of at most this over the saved span's mean is a tie: the saved span stays
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,48 +66,64 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_spans(spans: list[int]) -> list[int]:
-    """``spans`` without repeats, in the order given; SystemExit naming a bad one."""
+def check_spans(spans: list[int], saved: int) -> list[int]:
+    """``spans`` as given; SystemExit naming a negative or repeated one, or a list without the
+    ``saved`` span (the one every other must beat)."""
+    listed = " ".join(map(str, spans))
     for span in spans:
         if span < 0:
             raise SystemExit(f"--spans must be integers >= 0, got {span}")
     if len(set(spans)) != len(spans):
-        raise SystemExit(f"--spans lists a span twice: {' '.join(map(str, spans))}")
+        raise SystemExit(f"--spans lists a span twice: {listed}")
+    if saved not in spans:
+        raise SystemExit(
+            f"--spans {listed} leaves out {saved}, the span the folder is saved with: include it, "
+            "so that the others are measured against it"
+        )
     return spans
 
 
 def kept_span(measured: dict[int, float], saved: int) -> int:
-    """The span with the highest mean to :data:`TIE_PLACES` decimals; on a tie the ``saved``
-    span if it is among the best, else the smallest of them."""
-    best = max(round(value, TIE_PLACES) for value in measured.values())
-    tied = [span for span, value in measured.items() if round(value, TIE_PLACES) == best]
-    return saved if saved in tied else min(tied)
+    """The span of the highest mean in ``measured`` (span -> mean), unless it leads the
+    ``saved`` span's mean by :data:`TIE` or less: then ``saved``. A non-finite mean is refused,
+    since it would compare as neither higher nor lower."""
+    bad = {span: value for span, value in measured.items() if not math.isfinite(value)}
+    if bad:
+        raise ValueError(f"non-finite mean answer probability at priority_span {bad}")
+    best = max(measured, key=measured.__getitem__)
+    return saved if measured[best] - measured[saved] <= TIE else best
 
 
 def rewrite(folder: Path, config: kc.KVpopConfig, record: dict, model_path) -> None:
     """Replace ``folder`` by the same tensors saved for ``config`` and ``record`` as its
     training record, in one swap (a reader sees the old folder or the new, never half)."""
 
+    before = tensors_sha256(folder)
+
     def build(staging: Path) -> None:
         model = kc.transform(load_embedded_model(path=model_path), config)
         kc.save_scorer(with_tensors(model, folder), staging)
+        after = tensors_sha256(staging)
+        if after != before:  # checked before the swap: the old folder stays if this fails
+            raise RuntimeError(f"{folder}: tensors changed on saving ({before} -> {after})")
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        for other in folder.iterdir():  # anything else a user keeps there goes along
+            if not (staging / other.name).exists():
+                copy = shutil.copytree if other.is_dir() else shutil.copy2
+                copy(other, staging / other.name)
 
-    before = tensors_sha256(folder)
     replace_folder(folder, build)
-    after = tensors_sha256(folder)
-    if after != before:  # the same tensors must serialise to the same bytes
-        raise RuntimeError(f"{folder}: tensors changed on saving ({before} -> {after})")
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    spans = check_spans(args.spans)
-    if args.items < 1:
-        raise SystemExit(f"--items must be 1 or more, got {args.items}")
-    torch.set_num_threads(args.threads)
     saved = saved_config(args.folder)
+    spans = check_spans(args.spans, saved.priority_span)
+    for name, value in (("--items", args.items), ("--threads", args.threads)):
+        if value < 1:
+            raise SystemExit(f"{name} must be 1 or more, got {value}")
+    torch.set_num_threads(args.threads)
     groups = selection_items(args.split, args.items, args.seed)
     start = time.perf_counter()
     measured = {}
@@ -113,6 +134,7 @@ def main(argv=None) -> None:
     kept = kept_span(measured, saved.priority_span)
     training_file = args.folder / TRAINING_RECORD
     record = json.loads(training_file.read_text()) if training_file.is_file() else {}
+    earlier = record.pop("priority_span_selection", None)
     record["priority_span_selection"] = {
         "command": " ".join(["python scripts/choose_priority_span.py", *argv]),
         "split": args.split, "items_per_task": args.items, "seed": args.seed,
@@ -122,6 +144,7 @@ def main(argv=None) -> None:
         "measured": [{"priority_span": s, "select": v} for s, v in measured.items()],
         "saved_before": saved.priority_span, "kept": kept,
         "minutes": round((time.perf_counter() - start) / 60, 2),
+        **({"replaces": earlier} if earlier else {}),
     }  # fmt: skip
     rewrite(args.folder, dataclasses.replace(saved, priority_span=kept), record, args.model)
     print(f"{args.folder}: kept priority_span {kept} (saved before: {saved.priority_span})")

@@ -71,8 +71,12 @@ answer on 64 validation items per task (step 50 kept for both), in the same ``--
         --select-at saved --reselect --threads 2
 
 and last, each ``memory`` folder saved with the priority span the same measure chose for its
-budget (8 at 88%, 6 at 75%; ``scripts/choose_priority_span.py``, which records it in
-``training.json``).
+budget (8 at 88%, 6 at 75%), which ``training.json`` records under ``priority_span_selection``::
+
+    python scripts/choose_priority_span.py kvpop_compile/embedded/scorers/memory-256 \\
+        --spans 6 8 10 12 16 --threads 1
+    python scripts/choose_priority_span.py kvpop_compile/embedded/scorers/memory-512 \\
+        --spans 6 8 10 12 16 --threads 1
 """
 
 from __future__ import annotations
