@@ -207,10 +207,11 @@ def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_wit
     memory-256) at a saved budget's own (256 of 512): by tensors, as the install does, and the
     measure is the one of that budget, not of the window saved."""
     module = _script()
-    args = module.parse_args(["--priority-span", "10", "--scorer-hidden", "256"])
-    groups = [recall_items("train", "lookup", 2048, 1, 99)]
     folder = scorer_folder("memory", 256)
     assert saved_config(folder).window == 96
+    span = str(saved_config(folder).priority_span)  # the span it runs with, as saved
+    args = module.parse_args(["--priority-span", span, "--scorer-hidden", "256"])
+    groups = [recall_items("train", "lookup", 2048, 1, 99)]
 
     def measure(window, kind="probability", capacity=512):
         config = module.scorer_config("memory", capacity, window, args)
