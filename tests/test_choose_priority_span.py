@@ -1,7 +1,6 @@
 """``scripts/choose_priority_span.py``: a saved scorer's span chosen on validation recall items."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from script_support import load_script
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
@@ -17,14 +17,9 @@ from kvpop_compile.evaluation.methods import scorer_folder
 from kvpop_compile.evaluation.recall import answer_probability
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "choose_priority_span.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("choose_priority_span", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/choose_priority_span.py")
 
 
 def _copy_of_shipped(tmp_path: Path) -> Path:

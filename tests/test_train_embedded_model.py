@@ -1,21 +1,15 @@
 """``scripts/train_embedded_model.py``: recall rows asked after a stretch, as the decode protocol
 asks."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_model.py"
+from script_support import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_embedded_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # puts scripts/ on the path: embedded_model imports below
-    return module
+    return load_script("scripts/train_embedded_model.py")  # puts scripts/ on the path: below
 
 
 def _stretch_rows(rows: int, seed: int = 0):

@@ -1,12 +1,11 @@
 """``scripts/train_embedded_scorers.py``: a scorer trained at one capacity, saved for another."""
 
-import importlib.util
 import json
 import platform
-from pathlib import Path
 
 import pytest
 import torch
+from script_support import load_script
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
@@ -16,14 +15,9 @@ from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.evaluation.recall import answer_probability
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded_scorers.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_embedded_scorers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/train_embedded_scorers.py")
 
 
 def test_a_scorer_trained_at_256_is_saved_for_512_and_a_wider_window_with_the_same_weights(
