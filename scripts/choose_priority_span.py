@@ -42,7 +42,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_embedded_scorers
 
-from train_embedded_scorers import recall_selection, selection_items, with_tensors  # noqa: E402
+from train_embedded_scorers import (  # noqa: E402
+    TRAINING_RECORD,
+    recall_selection,
+    selection_items,
+    write_scorer,
+)
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
@@ -50,7 +55,6 @@ from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, tensors_sha256  # noqa: E402
 
-TRAINING_RECORD = "training.json"
 TIE = 1e-4  # a lead of at most this over the saved span's mean is a tie: the saved span stays
 
 
@@ -101,12 +105,10 @@ def rewrite(folder: Path, config: kc.KVpopConfig, record: dict, model_path) -> N
     before = tensors_sha256(folder)
 
     def build(staging: Path) -> None:
-        model = kc.transform(load_embedded_model(path=model_path), config)
-        kc.save_scorer(with_tensors(model, folder), staging)
+        write_scorer(staging, folder, record, load_embedded_model(path=model_path), config)
         after = tensors_sha256(staging)
         if after != before:  # checked before the swap: the old folder stays if this fails
             raise RuntimeError(f"{folder}: tensors changed on saving ({before} -> {after})")
-        (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         for other in folder.iterdir():  # anything else a user keeps there goes along
             if not (staging / other.name).exists():
                 copy = shutil.copytree if other.is_dir() else shutil.copy2

@@ -120,6 +120,7 @@ SELECT_BATCH = 16  # items answered together (a task's items share their lengths
 # the same number of items).
 SELECT_MEASURES = {"exact": answer_exactly, "probability": answer_probability}
 RUN_RECORD = "run.json"  # in a work folder: the command that trains there, and its measure
+TRAINING_RECORD = "training.json"  # in a saved scorer folder: how the scorer was made and chosen
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -295,16 +296,17 @@ def with_tensors(transformed, scorer: Path):
     return transformed
 
 
+def write_scorer(folder: Path, scorer: Path, record: dict, model, config: kc.KVpopConfig) -> None:
+    """Save the tensors of the scorer folder ``scorer`` into ``folder``, saved for ``config``
+    (``model`` transformed with it carries the weights, whatever capacity, window and span the
+    scorer was trained at), with ``record`` as its ``training.json``."""
+    kc.save_scorer(with_tensors(kc.transform(model, config), scorer), folder)
+    (folder / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
 def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
-    """Write the finished scorer to ``target`` with ``training.json``, atomically, saved for
-    ``config`` (``model`` transformed with it carries the weights, whatever capacity and window
-    the scorer was trained at)."""
-
-    def write(folder: Path) -> None:
-        kc.save_scorer(with_tensors(kc.transform(model, config), scorer), folder)
-        (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
-
-    replace_folder(target, write)
+    """:func:`write_scorer` into ``target``, atomically (built beside it, then swapped in)."""
+    replace_folder(target, lambda folder: write_scorer(folder, scorer, record, model, config))
 
 
 def selection_spec(args) -> dict | None:
