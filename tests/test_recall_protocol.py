@@ -253,7 +253,7 @@ def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():
     assert not any("full attention ≥ 90% on lookup@1024" in line for line in lines)
     assert (
         "- `memory` at 88% keeps ≥ 90% of full attention on lookup@1024 retention (decode): "
-        "missed — 50.0%" in lines
+        "missed — 50.0% (95% interval 0.0-100.0%)" in lines
     )
     assert any("best heuristic on lookup@1024 (decode): met — 50.0%" in line for line in lines)
     # Prefill at 1024 bytes alone has no target to judge, and the report says so.
@@ -262,3 +262,29 @@ def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():
                          for name, record in results["methods"].items()}}  # fmt: skip
     assert recall_targets(short, summarize_recall(short)) == []
     assert "- none at these lengths: the targets are at 2048 bytes" in recall_document(short)
+
+
+def test_a_retention_target_prints_the_interval_of_paired_draws():
+    # The same draws of items for both methods: a policy that answers exactly the items full
+    # attention answers keeps 100% in every draw, however many items both miss; drawn
+    # separately, the two accuracies would scatter and widen the interval.
+    answered = [1.0] * 48 + [0.0] * 16
+    one_more_miss = [0.0] + answered[1:]
+    results = {
+        "protocols": ["prefill"],
+        "methods": {
+            "full": {"prefill": {"chain@2048": answered}},
+            "memory @ 75%": {"prefill": {"chain@2048": answered}},
+            "memory @ 88%": {"prefill": {"chain@2048": one_more_miss}},
+        },
+    }
+    lines = recall_targets(results, summarize_recall(results))
+    assert (
+        "- `memory` at 75% keeps ≥ 95% of full attention on chain@2048 retention (prefill): "
+        "met — 100.0% (95% interval 100.0-100.0%)" in lines
+    )
+    (line,) = [line for line in lines if "at 88% keeps" in line]
+    low, high = (float(x) for x in line.split("interval ")[1].rstrip("%)").split("-"))
+    assert line.startswith("- `memory` at 88% keeps ≥ 90% of full attention on chain@2048")
+    assert "met — 97.9%" in line  # 47 of full attention's 48
+    assert 90.0 < low < 97.9 <= high <= 100.0

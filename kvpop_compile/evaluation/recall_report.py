@@ -1,7 +1,8 @@
 """Summaries of the recall protocol: exact-match accuracy per method, protocol, task and length,
 with 95% bootstrap intervals over items, retention against full attention (the same draws for
-both), and the issue's targets judged on them. kvpress's presses join from a
-``kvpress_recall.json`` beside ``recall.json`` (:mod:`.recall_kvpress`)."""
+both), and the issue's targets judged on them, each retention target with its interval.
+kvpress's presses join from a ``kvpress_recall.json`` beside ``recall.json``
+(:mod:`.recall_kvpress`)."""
 
 from __future__ import annotations
 
@@ -105,9 +106,13 @@ def recall_targets(
                 if not group.endswith("retention") or not in_scope(group):
                     continue
                 verdict = "met" if estimate.value >= floor else "missed"
+                # The verdict is the target's, on the measured figure; the interval (the same
+                # draws of items for both methods) says whether another sample of items could
+                # turn it, which a target judged within a few items of its floor needs.
                 lines.append(
                     f"- `memory` at {budget} keeps ≥ {floor:.0%} of full attention on {group} "
-                    f"({protocol}): {verdict} — {100 * estimate.value:.1f}%"
+                    f"({protocol}): {verdict} — {100 * estimate.value:.1f}% (95% interval "
+                    f"{100 * estimate.low:.1f}-{100 * estimate.high:.1f}%)"
                 )
         memory = summary.get("memory @ 88%", {}).get(protocol, {})
         for group, estimate in sorted(memory.items()):
