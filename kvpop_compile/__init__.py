@@ -6,6 +6,8 @@ step whole. The policy reference lives in :mod:`kvpop_compile.runtime`; graph pa
 :mod:`kvpop_compile.passes`.
 """
 
+# First: refuses an unsupported transformers release before any module relies on it.
+from . import compatibility  # noqa: F401
 from ._version import __version__
 from .config import KVpopConfig, ScorerKind
 from .engines import EngineRunner, export, load

@@ -21,7 +21,7 @@ from transformers.generation.logits_process import (
 
 from .config import require_int
 from .cuda_graph import CUDAGraphStep
-from .kv_cache import KVpopCache
+from .kv_cache import KVpopCache, cache_kwargs
 from .optional import import_torch_tensorrt
 from .transform import require_transformed
 
@@ -77,22 +77,23 @@ def prefill(
     _check_ids(input_ids, "input_ids")
     chunk = model.kvpop_config.chunk_length if chunk is None else chunk
     require_int("chunk", chunk, 1)
-    positions = None
-    if attention_mask is not None:
+    # Each row counts on from the tokens its row of the cache holds. The positions are passed,
+    # not left to the model: they then never depend on how a transformers release counts a
+    # cache's length.
+    before = cache.next_positions(input_ids.shape[0], input_ids.device).view(-1, 1)
+    if attention_mask is None:
+        positions = before + torch.arange(input_ids.shape[1], device=input_ids.device)
+    else:
         attention_mask = _checked_mask(attention_mask, input_ids)
         # Each row counts from its first token; the padding's positions are never used.
-        before = cache.next_positions(input_ids.shape[0], input_ids.device).view(-1, 1)
         positions = before + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     for start in range(0, input_ids.shape[1], chunk):
         end = start + chunk
-        padding = {}
+        inputs = {"position_ids": positions[:, start:end], **cache_kwargs(cache)}
         if attention_mask is not None:  # the mask of every column so far, as generate() passes
-            padding = {
-                "attention_mask": attention_mask[:, :end],
-                "position_ids": positions[:, start:end],
-            }
+            inputs["attention_mask"] = attention_mask[:, :end]
         piece = input_ids[:, start:end]
-        out = model(input_ids=piece, cache=cache, use_cache=True, logits_to_keep=1, **padding)
+        out = model(input_ids=piece, use_cache=True, logits_to_keep=1, **inputs)
     return out.logits[:, -1]
 
 
@@ -120,7 +121,7 @@ def decode_one_token(
     position_ids = cache.next_positions(token.shape[0], token.device).view(-1, 1)
     if position is not None and not torch.compiler.is_compiling():
         _check_position(position, position_ids)
-    out = model(input_ids=token, position_ids=position_ids, cache=cache, use_cache=True)
+    out = model(input_ids=token, position_ids=position_ids, use_cache=True, **cache_kwargs(cache))
     return out.logits[:, -1]
 
 

@@ -7,14 +7,38 @@ layer reads and writes its :class:`BoundedCacheState` in place. Its size is fixe
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import fields
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Model
 
 from .config import KVpopConfig
 from .runtime.cache import BoundedCacheState
 from .runtime.scorers.base import Scorer
+
+
+def _cache_argument() -> str:
+    """The keyword under which this transformers' Qwen3 forward takes its cache.
+
+    Releases up to 5.19 call it ``past_key_values``; later ones call it ``cache`` and map the
+    old name onto it with a deprecation warning. Passed under a name the forward does not know,
+    the cache rides along in ``**kwargs`` to the attention layers while the model counts the
+    positions of a cache-less forward, from 0: the name must be the model's own."""
+    parameters = inspect.signature(Qwen3Model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+CACHE_ARGUMENT = _cache_argument()
+# Both names a caller may use for the cache, this transformers' own first.
+CACHE_ARGUMENTS = tuple(dict.fromkeys((CACHE_ARGUMENT, "cache", "past_key_values")))
+
+
+def cache_kwargs(cache: Cache | None) -> dict[str, Cache | None]:
+    """``{name: cache}`` for a model call, under the name this transformers' forward takes:
+    ``model(input_ids=ids, **cache_kwargs(cache), use_cache=True)``."""
+    return {CACHE_ARGUMENT: cache}
 
 
 class KVpopLayer(CacheLayerMixin):

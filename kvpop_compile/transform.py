@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache
 
 from .capture import capture_attention
 from .config import KVpopConfig
-from .kv_cache import KVpopCache
+from .kv_cache import CACHE_ARGUMENT, CACHE_ARGUMENTS, KVpopCache
 from .modeling import KVpopAttention
 from .passes import run_passes
 
@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+# The cache's place among the decoder stack's positional arguments (input_ids, attention_mask,
+# position_ids, cache), the same in every supported transformers release.
+CACHE_POSITION = 3
 
 
 def _is_compiled(model: nn.Module) -> bool:
@@ -153,18 +156,29 @@ class BoundedCacheHook:
             ids = kwargs.get("inputs_embeds")
         return ids.shape[1]
 
+    @staticmethod
+    def _given_cache(args, kwargs):
+        """The cache the forward was handed under either name, moved to the name this
+        transformers' forward takes: under the other one it would reach the layers while the
+        model counted positions as if there were no cache."""
+        if len(args) > CACHE_POSITION:  # passed positionally, in its own place
+            return args[CACHE_POSITION]
+        given = [kwargs.pop(name) for name in CACHE_ARGUMENTS if name in kwargs]
+        cache = next((value for value in given if value is not None), None)
+        kwargs[CACHE_ARGUMENT] = cache
+        return cache
+
     def __call__(self, module, args, kwargs):
-        self._check_cache(kwargs.get("past_key_values", kwargs.get("cache")))
+        cache = self._given_cache(args, kwargs)
+        self._check_cache(cache)
         mask = kwargs["attention_mask"] if "attention_mask" in kwargs else (
             args[1] if len(args) > 1 else None)  # fmt: skip
         padding = self._row_padding(mask, self._length(args, kwargs))
-        name = "past_key_values" if "past_key_values" in kwargs else "cache"
-        cache = kwargs.get(name)
         if isinstance(cache, KVpopCache):
             cache.row_padding = padding
-            return None
+            return args, kwargs
         if kwargs.get("use_cache") is False and padding is None:
-            return None  # each layer attends within the forward alone
+            return args, kwargs  # each layer attends within the forward alone
         if cache is not None and int(cache.get_seq_length()) > 0:
             raise TypeError(
                 f"a transformed model keeps its KV state in a KVpopCache, got a filled "
@@ -172,8 +186,11 @@ class BoundedCacheHook:
             )
         # A forward without a cache (use_cache=False) but with padding gets a fresh one too:
         # the cache is where the layers find which tokens are padding.
-        kwargs[name] = KVpopCache(self.num_layers, self.config)
-        kwargs[name].row_padding = padding
+        fresh = KVpopCache(self.num_layers, self.config)
+        fresh.row_padding = padding
+        if len(args) > CACHE_POSITION:
+            return (*args[:CACHE_POSITION], fresh, *args[CACHE_POSITION + 1 :]), kwargs
+        kwargs[CACHE_ARGUMENT] = fresh
         return args, kwargs
 
 

@@ -18,7 +18,8 @@ SOURCE = Path(__file__).resolve().parents[1] / ROOT
 # Floors, lowest first. A name ending in ".*" stands for a package and everything in it; any
 # other name is one module (a package's front file included). Every module must be listed.
 FLOORS = [
-    ("foundations", [f"{ROOT}._version", f"{ROOT}.config", f"{ROOT}.atomic", f"{ROOT}.optional"]),
+    ("foundations", [f"{ROOT}._version", f"{ROOT}.config", f"{ROOT}.atomic", f"{ROOT}.optional",
+                     f"{ROOT}.compatibility"]),
     ("reference", [f"{ROOT}.runtime.reference.*"]),
     ("kernels", [f"{ROOT}.runtime.kernels.*"]),
     ("ops", [f"{ROOT}.runtime.dispatch", f"{ROOT}.runtime.ops"]),

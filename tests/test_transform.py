@@ -6,6 +6,7 @@ from tiny_models import prompt, tiny_qwen3
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import kvpop_compile as kc
+from kvpop_compile.kv_cache import cache_kwargs
 from kvpop_compile.modeling import KVpopAttention
 
 ROOMY = kc.KVpopConfig(sinks=2, window=4, topk=64)  # capacity 70 >= prompt + generated
@@ -65,10 +66,12 @@ def test_prefill_equals_single_token_steps():
     ids = prompt(length=40)
     parallel, stepped = kc.new_cache(model), kc.new_cache(model)
     with torch.no_grad():
-        prefill_logits = model(ids, cache=parallel).logits
+        prefill_logits = model(ids, **cache_kwargs(parallel)).logits
         step_logits = torch.cat(
             [
-                model(ids[:, i : i + 1], cache=stepped, position_ids=torch.tensor([[i]])).logits
+                model(
+                    ids[:, i : i + 1], **cache_kwargs(stepped), position_ids=torch.tensor([[i]])
+                ).logits
                 for i in range(ids.shape[1])
             ],
             dim=1,
@@ -105,7 +108,9 @@ def test_forward_returns_a_reusable_kvpop_cache():
         assert isinstance(first.past_key_values, kc.KVpopCache)
         # The remaining 8 tokens continue the cached sequence one by one.
         rest = model(
-            ids[:, 12:], cache=first.past_key_values, position_ids=torch.arange(12, 20)[None]
+            ids[:, 12:],
+            **cache_kwargs(first.past_key_values),
+            position_ids=torch.arange(12, 20)[None],
         )
     torch.testing.assert_close(rest.logits[:, -1], whole, rtol=1e-4, atol=1e-4)
 
@@ -155,10 +160,12 @@ def test_a_filled_foreign_cache_is_refused():
     from transformers import DynamicCache
 
     original = tiny_qwen3()
-    filled = original(prompt(length=4), cache=DynamicCache(config=original.config)).past_key_values
+    filled = original(
+        prompt(length=4), **cache_kwargs(DynamicCache(config=original.config))
+    ).past_key_values
     model = kc.transform(original, ROOMY)
     with pytest.raises(TypeError, match="keeps its KV state in a KVpopCache, got a filled Dyn"):
-        model(prompt(length=1, batch=2), cache=filled)
+        model(prompt(length=1, batch=2), **cache_kwargs(filled))
 
 
 def test_training_mode_is_refused():
@@ -189,7 +196,7 @@ def test_decoder_stack_called_directly_keeps_its_cache():
         model = kc.transform(original, ROOMY)
         first = model.model(ids[:, :6])
         assert isinstance(first.past_key_values, kc.KVpopCache)
-        rest = model.model(ids[:, 6:], cache=first.past_key_values)
+        rest = model.model(ids[:, 6:], **cache_kwargs(first.past_key_values))
     torch.testing.assert_close(rest.last_hidden_state[:, -1], expected, rtol=1e-4, atol=1e-4)
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, StaticCache
 
-from ..kv_cache import cache_bytes
+from ..kv_cache import cache_bytes, cache_kwargs
 from .long_context_settings import TRANSFORMERS_METHODS, BenchResult, BenchSettings, Row
 from .peak_memory import peak_memory
 
@@ -56,11 +56,13 @@ def _transformers_run(
         forward = model
 
     def step():
-        forward(input_ids=token, position_ids=position, cache=cache, use_cache=True)
+        forward(input_ids=token, position_ids=position, **cache_kwargs(cache), use_cache=True)
         position.add_(1)
 
     return MethodRun(
-        prefill=lambda ids: model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1),
+        prefill=lambda ids: model(
+            input_ids=ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1
+        ),
         step=step,
         kv_bytes=lambda: cache_bytes(cache),
     )

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..generation import prefill
-from ..kv_cache import KVpopCache, cache_bytes
+from ..kv_cache import KVpopCache, cache_bytes, cache_kwargs
 
 
 @dataclass
@@ -54,7 +54,7 @@ def teacher_forced(model: nn.Module, ids: torch.Tensor) -> Scores:
     """Scores of targets ``ids[:, 1:]`` from one forward over ``ids[:, :-1]``: (B, L) each."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if _is_transformed(model):
-        logits = model(input_ids=inputs, cache=model_cache(model), use_cache=True).logits
+        logits = model(input_ids=inputs, **cache_kwargs(model_cache(model)), use_cache=True).logits
     else:
         logits = model(input_ids=inputs, use_cache=False).logits
     return _score(logits, targets)
@@ -96,7 +96,9 @@ def greedy_continuation(
     if isinstance(cache, KVpopCache):
         logits = prefill(model, prompt, cache)  # in chunks, the last position's logits only
     else:
-        logits = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1).logits
+        logits = model(
+            input_ids=prompt, **cache_kwargs(cache), use_cache=True, logits_to_keep=1
+        ).logits
         logits = logits[:, -1]
     prefilled = time.perf_counter()
     tokens, sizes = [], {}
@@ -108,9 +110,9 @@ def greedy_continuation(
         if step == steps - 1:
             break
         position = torch.full((batch, 1), length + step, dtype=torch.long)
-        logits = model(input_ids=token, position_ids=position, cache=cache, use_cache=True).logits[
-            :, -1
-        ]
+        logits = model(
+            input_ids=token, position_ids=position, **cache_kwargs(cache), use_cache=True
+        ).logits[:, -1]
         if length + step + 1 in record_at:
             sizes[length + step + 1] = cache_bytes(cache)
     done = time.perf_counter()
@@ -163,9 +165,11 @@ def compressed_prompt(
         ids[:, prompt_length + 1 :],
     )
     cache = model_cache(model)
-    model(input_ids=prompt, cache=cache, use_cache=True)
+    model(input_ids=prompt, **cache_kwargs(cache), use_cache=True)
     if _is_transformed(model):
         cache = bounded_cache_as_dynamic(cache, model.kvpop_config)
     positions = torch.arange(prompt_length, total - 1).expand(batch, -1)
-    logits = original(input_ids=inputs, position_ids=positions, cache=cache, use_cache=True).logits
+    logits = original(
+        input_ids=inputs, position_ids=positions, **cache_kwargs(cache), use_cache=True
+    ).logits
     return _score(logits, targets)

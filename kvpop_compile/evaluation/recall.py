@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from ..config import ScorerKind
 from ..embedded.corpus import encode
 from ..embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
+from ..kv_cache import cache_kwargs
 from ..scorer_io import tensors_sha256
 from .fingerprints import items_sha256
 from .methods import FULL, POLICIES, Method, build_model, trained_scorer
@@ -65,7 +66,11 @@ def feed_tokens(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
     seen = int(cache.get_seq_length())
     positions = torch.arange(seen, seen + ids.shape[1]).expand(ids.shape[0], -1)
     out = model(
-        input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        input_ids=ids,
+        position_ids=positions,
+        **cache_kwargs(cache),
+        use_cache=True,
+        logits_to_keep=1,
     )
     return out.logits[:, -1]
 
