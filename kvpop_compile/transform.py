@@ -194,6 +194,50 @@ class BoundedCacheHook:
         return args, kwargs
 
 
+class ChunkedGenerate:
+    """A transformed model's ``generate()``: transformers' own, which prefills a long prompt in
+    chunks of ``KVpopConfig.chunk_length`` that each continue the bounded cache exactly, so
+    memory does not grow with the prompt. A plain class holding the model, so the model still
+    pickles and deep-copies.
+
+    transformers chunks a prompt by its token ids and only into a cache: a prompt given as
+    ``inputs_embeds``, or a generation with ``use_cache=False`` (which runs the whole sequence
+    through the bounded attention at every step), is prefilled in one forward instead. A
+    ``prefill_chunk_size`` the caller passes is used as given."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        generation_config = kwargs.get("generation_config")
+        chosen = "prefill_chunk_size" in kwargs or (
+            generation_config is not None and generation_config.prefill_chunk_size is not None
+        )
+        if not chosen:
+            whole = kwargs.get("inputs_embeds") is not None or kwargs.get("use_cache") is False
+            chunk = None if whole else self.model.kvpop_config.chunk_length
+            kwargs["prefill_chunk_size"] = chunk
+        return type(self.model).generate(self.model, *args, **kwargs)
+
+
+class RefusedSavePretrained:
+    """A transformed model's ``save_pretrained``: refused, because ``from_pretrained`` would
+    load the saved folder as the plain model and drop the trained scorer without an error."""
+
+    def __init__(self, model_class: str):
+        self.model_class = model_class
+
+    def __call__(self, *args, **kwargs):
+        raise ValueError(
+            "save_pretrained is not supported on a model transformed by kvpop_compile: "
+            f"{self.model_class}.from_pretrained would drop its scorer. Save the scorer with "
+            "kvpop_compile.save_scorer(model, folder) and the model before transforming it "
+            "(transform leaves its weights as they are); reload with from_pretrained, "
+            "kvpop_compile.transform(model, kvpop_compile.scorer_io.saved_config(folder)) and "
+            "kvpop_compile.load_scorer(model, folder)"
+        )
+
+
 def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
     """Rewrite every attention of a Qwen3 / Qwen3-MoE causal LM into KVpop bounded attention.
 
@@ -212,10 +256,9 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
         graph = run_passes(graph, config)
         layer.self_attn = KVpopAttention(attention, graph, config).train(attention.training)
     model.kvpop_config = config
-    if getattr(model, "generation_config", None) is not None:
-        # generate() then prefills a long prompt in chunks that each continue the bounded
-        # cache exactly, so its memory does not grow with the prompt.
-        model.generation_config.prefill_chunk_size = config.chunk_length
+    # Instance attributes, so the class and the saved generation config stay the original's.
+    model.generate = ChunkedGenerate(model)
+    model.save_pretrained = RefusedSavePretrained(type(model).__name__)
     hook = BoundedCacheHook(hf_config.num_hidden_layers, config)
     model.model.register_forward_pre_hook(hook, with_kwargs=True)
     logger.info("transform: %d layers now use KVpop bounded attention", len(model.model.layers))
