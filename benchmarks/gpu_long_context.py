@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
-from benchmarks.kernels import peak_bandwidth  # noqa: E402
+from benchmarks.triton_kernels import peak_bandwidth  # noqa: E402
 from kvpop_compile.atomic import atomic_write  # noqa: E402
 from kvpop_compile.evaluation.long_context import bench_model, run_bench  # noqa: E402
 from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
@@ -72,7 +72,11 @@ def run(args) -> BenchResult:
         warmup=args.warmup, kvpop=CONFIG, batch=args.batch,
     )  # fmt: skip
     model, name = bench_model(
-        shape=SHAPE, layers=args.layers, dtype="bfloat16", device=args.device, settings=settings
+        shape=args.shape,
+        layers=args.layers,
+        dtype="bfloat16",
+        device=args.device,
+        settings=settings,
     )
     return run_bench(model, settings, model_name=name)
 
@@ -166,17 +170,18 @@ def _decode_targets(result: BenchResult, peak: float | None) -> list[str]:
 def report(args, result: BenchResult) -> str:
     device = torch.device(args.device)
     gpu = result.device if args.device == "cuda" else "CPU (smoke test)"
-    shape = MODELS[SHAPE]
+    shape = MODELS[args.shape]
     return "\n\n".join(
         [
             "# Long context on a GPU",
             f"{gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
             f"{transformers.__version__}, triton {_triton_version()}, Python "
             f"{platform.python_version()}.",
-            f"Qwen3-4B shape, {args.layers} layers: hidden {shape.hidden_size}, "
+            f"The {args.shape} shape, {args.layers} layers: hidden {shape.hidden_size}, "
             f"{shape.num_attention_heads} query / {shape.num_key_value_heads} KV heads, "
             f"head_dim {shape.head_dim}, MLP {shape.intermediate_size}, vocabulary {shape.vocab} "
-            f"(tied embeddings); random weights, bf16, batch {args.batch} "
+            f"({'tied' if shape.tie_word_embeddings else 'untied'} embeddings); random weights, "
+            f"bf16, batch {args.batch} "
             f"({result.weights_bytes / GiB:.2f} GiB of weights). KVpop capacity "
             f"{CONFIG.capacity} ({CONFIG.sinks} sinks, window {CONFIG.window}, "
             f"`{CONFIG.scorer.value}` scorer), prompts in chunks of {CONFIG.chunk_length}. "
@@ -201,7 +206,10 @@ def _triton_version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 131072])
-    parser.add_argument("--layers", type=int, default=MODELS[SHAPE].layers)
+    parser.add_argument(
+        "--shape", choices=list(MODELS), default=SHAPE, help="tiny: a smoke test of the steps"
+    )
+    parser.add_argument("--layers", type=int, default=None, help="default: the shape's own")
     parser.add_argument("--steps", type=int, default=16, help="timed decode steps")
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first")
     parser.add_argument("--batch", type=int, default=1, help="sequences, each its own cache")
@@ -211,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke test only"
     )
     args = parser.parse_args(argv)
+    if args.layers is None:
+        args.layers = MODELS[args.shape].layers
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
     for name in ("layers", "steps", "warmup", "batch"):

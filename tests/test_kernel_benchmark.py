@@ -8,7 +8,7 @@ from kvpop_compile.runtime.dispatch import interpreting
 
 @pytest.mark.skipif(not interpreting(), reason="runs the kernels on CPU through the interpreter")
 def test_kernel_benchmark_quick_mode_writes_its_table(tmp_path):
-    module = load_script("benchmarks/kernels.py")
+    module = load_script("benchmarks/triton_kernels.py")
     out = tmp_path / "kernels.md"
     assert module.main(["--quick", "--out", str(out)]) == 0
     table = out.read_text()

@@ -13,8 +13,8 @@ heads, head_dim 128, bf16; decode at batch 1, 8 and 32, each sequence its own bo
   steps, and torch's scaled_dot_product_attention);
 - the transposed-attention target vs a flash-style forward of the same N.
 
-    python benchmarks/kernels.py                # CUDA; writes benchmarks/results/kernels_gpu.md
-    TRITON_INTERPRET=1 python benchmarks/kernels.py --quick   # tiny shapes on CPU: runs only
+    python benchmarks/triton_kernels.py           # CUDA; writes benchmarks/results/kernels_gpu.md
+    TRITON_INTERPRET=1 python benchmarks/triton_kernels.py --quick   # tiny shapes on CPU
 
 Times are medians (``triton.testing.do_bench`` on CUDA). Ratios are measured in the same run.
 """
@@ -251,8 +251,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
     if not cuda and not args.quick:
-        print("benchmarks/kernels.py needs a CUDA GPU (or --quick with TRITON_INTERPRET=1)",
-              file=sys.stderr)  # fmt: skip
+        print("benchmarks/triton_kernels.py needs a CUDA GPU (or --quick with "
+              "TRITON_INTERPRET=1)", file=sys.stderr)  # fmt: skip
         return 2
     device = torch.device("cuda" if cuda else "cpu")
     shapes = QUICK if args.quick else FULL
