@@ -28,7 +28,11 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --dry-run) dry_run=1 ;;
         --budget)
-            budget="${2:-}"
+            if [[ $# -lt 2 || -z "$2" ]]; then
+                echo "gpu_check.sh: --budget must be a whole number of seconds >= 30, got ''" >&2
+                exit 2
+            fi
+            budget="$2"
             shift
             ;;
         *)

@@ -1,0 +1,33 @@
+"""``scripts/gpu_check.sh``'s own checks: it parses, and it refuses arguments it does not take
+before it starts a step (CI runs its ``--dry-run`` whole, after the suite)."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--fast",), "unknown argument '--fast' (allowed: --dry-run, --budget SECONDS)"),
+        (("--budget", "5"), "--budget must be a whole number of seconds >= 30, got '5'"),
+        (("--budget", "ten"), "--budget must be a whole number of seconds >= 30, got 'ten'"),
+        (("--budget",), "--budget must be a whole number of seconds >= 30, got ''"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_step(args, message):
+    result = _run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "==" not in result.stdout  # no step started
