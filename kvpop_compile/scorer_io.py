@@ -1,11 +1,13 @@
 """Save and load a transformed model's scorers: ``scorer.safetensors`` + ``scorer.json``.
 
 The JSON records what the tensors mean (scorer kind and sizes, window, model shapes) and the
-SHA-256 of the tensors file; loading refuses a scorer whose shapes or config do not match the
-model and names the mismatch, a tensors file that is not the one saved (corrupted, truncated or
-swapped), and parameters that are not finite (a NaN score never wins, so a NaN scorer silently
-freezes the pool). Each file is written to a temporary name and renamed into place, tensors
-first and the JSON last, so an interrupted save never leaves a folder that loads.
+SHA-256 of the tensors file; loading refuses a ``scorer.json`` whose config or shapes are not
+valid, a scorer whose shapes or config do not match the model and names the mismatch, a tensors
+file that is not the one saved (corrupted, truncated or swapped), tensors the model has no place
+for (extra layers or names), integer tensors for floating-point parameters, and parameters that
+are not finite (a NaN score never wins, so a NaN scorer silently freezes the pool). Each file
+is written to a temporary name and renamed into place, tensors first and the JSON last, so an
+interrupted save never leaves a folder that loads.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 
 from ._version import __version__
 from .atomic import atomic_write, sha256
-from .config import KVpopConfig
+from .config import KVpopConfig, require_int
 from .transform import require_transformed
 
 FORMAT = "kvpop-scorer"
@@ -31,6 +33,7 @@ TENSORS_FILE = "scorer.safetensors"
 CONFIG_FILE = "scorer.json"
 # Config fields a trained scorer depends on: its architecture and the delay it was trained for.
 SCORER_FIELDS = ("scorer", "scorer_hidden", "memory_dim", "memory_value_dim", "window")
+SHAPE_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
 
 
 def _folder(path: object) -> Path:
@@ -130,12 +133,30 @@ def _read_description(folder: Path) -> dict:
             f"{folder / CONFIG_FILE} has no valid tensors_sha256 (a 64-digit hex SHA-256 of "
             f"{TENSORS_FILE}), got {digest!r}"
         )
+    # Every reader sees the same checks: a file saved_config would refuse never loads either.
+    _kvpop_config(saved, folder)
+    for key in SHAPE_FIELDS:
+        if key in saved:
+            try:
+                require_int(key, saved[key], 1)
+            except ValueError as error:
+                raise ValueError(f"{folder / CONFIG_FILE}: {error}") from None
     return saved
+
+
+def _kvpop_config(saved: dict, folder: Path) -> KVpopConfig:
+    """The :class:`KVpopConfig` of a ``scorer.json``'s contents ``saved``, or ``ValueError``
+    naming the file and the invalid field."""
+    try:
+        return KVpopConfig(**saved["kvpop_config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{folder / CONFIG_FILE} holds an invalid kvpop_config: {error}") from None
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The verified tensors of a saved scorer folder: the file's SHA-256 must be the one saved
-    in ``scorer.json``, the file must parse, and every floating-point tensor must be finite."""
+    in ``scorer.json``, the file must parse, every floating-point tensor must be finite, and
+    every tensor must belong to one of the layers ``scorer.json`` records."""
     folder = _folder(path)
     saved = _read_description(folder)
     file = folder / TENSORS_FILE
@@ -149,7 +170,38 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError) as error:
         raise ValueError(f"{file} is not a readable safetensors file: {error}") from None
     _check_finite(tensors, file)
+    _check_layer_names(tensors, saved.get("num_layers"), file)
     return tensors
+
+
+def _check_layer_names(tensors: dict[str, torch.Tensor], num_layers: int | None, where: Path):
+    """Refuse tensors not named ``layers.<i>.<name>`` for a layer ``i < num_layers`` (the
+    layers ``scorer.json`` records; any index when it records none)."""
+    extra = [
+        key for key in tensors if (index := _layer_index(key)) is None
+        or (num_layers is not None and index >= num_layers)
+    ]  # fmt: skip
+    if extra:
+        layers = "" if num_layers is None else f" with i < {num_layers} (its layers)"
+        raise ValueError(
+            f"{where} holds tensors of no layer: {_names(extra)}; {CONFIG_FILE} allows "
+            f"layers.<i>.<name>{layers}"
+        )
+
+
+def _layer_index(key: str) -> int | None:
+    """The layer ``i`` of a tensor named ``layers.<i>.<name>``, or None for any other name."""
+    parts = key.split(".", 2)
+    if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+def _names(keys) -> str:
+    """Tensor names for a message: sorted, the first ten and how many more."""
+    keys = sorted(keys)
+    more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
+    return ", ".join(keys[:10]) + more
 
 
 def tensors_sha256(path: str | os.PathLike) -> str:
@@ -162,14 +214,7 @@ def saved_config(path: str | os.PathLike) -> KVpopConfig:
     """The :class:`KVpopConfig` a scorer folder was saved with (transform with it, then
     :func:`load_scorer`)."""
     folder = _folder(path)
-    saved = _read_description(folder)
-    try:
-        return KVpopConfig(**saved["kvpop_config"])
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{folder / CONFIG_FILE} holds an invalid kvpop_config: {error}") from None
-
-
-SHAPE_FIELDS = ("num_layers", "num_kv_heads", "head_dim")
+    return _kvpop_config(_read_description(folder), folder)
 
 
 def saved_shape(path: str | os.PathLike) -> dict[str, int | None]:
@@ -193,10 +238,11 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     saved = _read_description(folder)
     expected = _describe(model)
     check_shape(saved, expected, "scorer mismatch")
+    config = _kvpop_config(saved, folder).to_dict()
     # The random scorer is its seed; other scorers' seed only initialised what was loaded.
     random_scorer = expected["kvpop_config"]["scorer"] == "random"
     for key in (*SCORER_FIELDS, "seed") if random_scorer else SCORER_FIELDS:
-        have, want = saved["kvpop_config"].get(key), expected["kvpop_config"][key]
+        have, want = config[key], expected["kvpop_config"][key]
         if have != want:
             raise ValueError(
                 f"scorer mismatch: saved with {key}={have!r}, the model is transformed with "
@@ -208,9 +254,20 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
 
 def load_layers(scorers: list[nn.Module], tensors: dict[str, torch.Tensor]) -> None:
     """Load a saved scorer's ``tensors`` (:func:`read_tensors`) into the per-layer
-    ``scorers`` (in place), refusing other names or shapes."""
-    for index, scorer in enumerate(scorers):
-        load_layer(scorer, layer_tensors(tensors, index), index)
+    ``scorers`` (in place), refusing tensors of no layer, other names, shapes or an integer
+    dtype for a floating-point parameter. All layers are checked before any is loaded."""
+    layers = [layer_tensors(tensors, index) for index in range(len(scorers))]
+    taken = {f"layers.{index}.{name}" for index, layer in enumerate(layers) for name in layer}
+    extra = tensors.keys() - taken
+    if extra:
+        raise ValueError(
+            f"scorer mismatch: the model has {len(scorers)} layers, the saved tensors "
+            f"{_names(extra)} belong to none of them"
+        )
+    for index, (scorer, layer) in enumerate(zip(scorers, layers, strict=True)):
+        check_layer(scorer, layer, index)
+    for scorer, layer in zip(scorers, layers, strict=True):
+        scorer.load_state_dict(layer)
 
 
 def layer_tensors(tensors: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
@@ -220,9 +277,10 @@ def layer_tensors(tensors: dict[str, torch.Tensor], index: int) -> dict[str, tor
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def load_layer(scorer: nn.Module, layer: dict[str, torch.Tensor], index: int) -> None:
-    """Load one layer's saved tensors into its ``scorer`` (in place), refusing other names or
-    shapes (``index`` names the layer in the message)."""
+def check_layer(scorer: nn.Module, layer: dict[str, torch.Tensor], index: int) -> None:
+    """Raise ``ValueError`` unless one layer's saved tensors fit its ``scorer``: the same names
+    and shapes, and a floating-point dtype wherever the parameter is floating point (an
+    integer tensor would load as rounded numbers). ``index`` names the layer in the message."""
     own = scorer.state_dict()
     if layer.keys() != own.keys():
         raise ValueError(
@@ -235,4 +293,15 @@ def load_layer(scorer: nn.Module, layer: dict[str, torch.Tensor], index: int) ->
                 f"scorer mismatch in layer {index}: {name} has shape {tuple(tensor.shape)}, "
                 f"the model's has {tuple(own[name].shape)}"
             )
+        if own[name].is_floating_point() and not tensor.is_floating_point():
+            raise ValueError(
+                f"scorer mismatch in layer {index}: {name} is {tensor.dtype}, the model's "
+                f"{name} is {own[name].dtype}: a floating-point tensor is needed"
+            )
+
+
+def load_layer(scorer: nn.Module, layer: dict[str, torch.Tensor], index: int) -> None:
+    """Load one layer's saved tensors into its ``scorer`` (in place), refusing what
+    :func:`check_layer` refuses (``index`` names the layer in the message)."""
+    check_layer(scorer, layer, index)
     scorer.load_state_dict(layer)

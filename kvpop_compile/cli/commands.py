@@ -7,11 +7,18 @@ import argparse
 from pathlib import Path
 
 from .arguments import config_from_arguments
+from .limits import (
+    check_bench_memory,
+    check_demo_items,
+    check_export_memory,
+    check_prefill_length,
+)
 
 
 def demo_command(args: argparse.Namespace) -> int:
     from ..evaluation.demo import run_demo
 
+    check_demo_items(args.items, args.context)  # before the model loads
     result = run_demo(
         items=args.items, context=args.context, model_path=args.model, scorer=args.scorer,
         policy=args.policy, capacity=args.capacity, image=None if args.no_image else args.image,
@@ -194,6 +201,7 @@ def bench_command(args: argparse.Namespace) -> int:
         methods=tuple(m for group in args.methods for m in group),
         decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config, batch=args.batch,
     )  # fmt: skip
+    check_bench_memory(args, settings, device)  # before the model is built or loaded
     model, name = bench_model(
         path=args.model, shape=args.shape, layers=args.layers, dtype=args.dtype, device=device,
         settings=settings,
@@ -218,8 +226,10 @@ def export_command(args: argparse.Namespace) -> int:
     from ..scorer_io import load_scorer
     from ..transform import transform
 
+    check_prefill_length(args.prefill_length, args.model)  # before the weights load
     config, model = _budget_and_model(args)
     model = transform(model.eval(), config)
+    check_export_memory(model, args.batch, args.prefill_length)
     if args.scorer_path:
         load_scorer(model, args.scorer_path)
     folder = export(
@@ -230,23 +240,26 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from ..training import TrainSettings, train_scorer
+    from ..training.trainer import CheckpointError
 
+    tokenizer = _train_tokenizer(args)  # before the model loads
     config, model = _budget_and_model(args)
-    tokenizer = None
-    if args.tokenizer == "model":
-        encode = AutoTokenizer.from_pretrained(args.model)
-        tokenizer = lambda text: encode(text)["input_ids"]  # noqa: E731
     settings = TrainSettings(
         steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
         loss=args.loss, target=args.target, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, init_from=args.init_from,
+        resume=not args.no_resume,
     )  # fmt: skip
-    report = train_scorer(
-        model, args.data, config, settings, output_dir=args.out, tokenizer=tokenizer
-    )
+    try:
+        report = train_scorer(
+            model, args.data, config, settings, output_dir=args.out, tokenizer=tokenizer
+        )
+    except CheckpointError as error:  # its message names the library's resume=False
+        raise ValueError(
+            f"{error.path} {error.problem}: pass --no-resume to start over (it is overwritten), "
+            "or give another --out"
+        ) from None
     for evaluation in report.evaluations:
         print(
             f"step {evaluation['step']}: held-out loss {evaluation['loss']:.4f}, "
@@ -254,3 +267,23 @@ def train_command(args: argparse.Namespace) -> int:
         )
     print(f"wrote scorer to {report.scorer_path}")
     return 0
+
+
+def _train_tokenizer(args: argparse.Namespace):
+    """``train --tokenizer``: the checkpoint's own tokenizer (text -> ids), or None for UTF-8
+    bytes. A checkpoint without tokenizer files is refused: transformers would give a tokenizer
+    with an empty vocabulary, which turns any text into no tokens."""
+    from ..evaluation.own_data import TOKENIZER_FILES
+
+    if args.tokenizer == "bytes":
+        return None
+    if not any((Path(args.model) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"--model {args.model}: no tokenizer found (none of {', '.join(TOKENIZER_FILES)}); "
+            "pass --tokenizer bytes to train on UTF-8 bytes (a byte-level model, vocab_size "
+            "256), or save the model's tokenizer into the folder (tokenizer.save_pretrained)"
+        )
+    from transformers import AutoTokenizer
+
+    encode = AutoTokenizer.from_pretrained(args.model)
+    return lambda text: encode(text)["input_ids"]

@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", default="model", choices=["model", "bytes"],
         help="the checkpoint's tokenizer (default) or UTF-8 bytes for byte-vocabulary models",
     )  # fmt: skip
+    trainer.add_argument(
+        "--no-resume", action="store_true",
+        help="start over even when OUT holds a checkpoint of an earlier run (it is "
+        "overwritten); by default a run goes on from it, with the same settings",
+    )  # fmt: skip
     trainer.set_defaults(run=train_command)
     return parser
 

@@ -68,6 +68,8 @@ class TextTokenizer:
 
     def encode(self, text: str) -> torch.Tensor:
         """The ids of ``text``, (N,) int64, without special tokens (the benchmark adds none)."""
+        if not text:  # no ids (torch.frombuffer refuses an empty buffer)
+            return torch.zeros(0, dtype=torch.long)
         if self.tokenizer is None:
             return encode_bytes(text)
         # verbose=False: a document longer than the tokenizer's model_max_length is expected
@@ -172,8 +174,9 @@ def text_sequences(
     text at ``path``: a UTF-8 file, or a folder whose binary and non-UTF-8 files are skipped.
 
     Consecutive windows share one token (the last target of one is the first input of the
-    next). Files are read in order only until ``count`` sequences are filled. Raises
-    ``ValueError`` when no text file is found or the text is shorter than one sequence.
+    next). Files are read in order only until ``count`` sequences are filled; empty files are
+    skipped. Raises ``ValueError`` when ``path`` is an empty file, when no text file with text
+    is found, or when the text is shorter than one sequence.
     """
     require_int("length", length, 2)
     if count is not None:
@@ -184,7 +187,7 @@ def text_sequences(
     parts: list[torch.Tensor] = []
     starts: list[int] = []  # where each document's ids begin in the joined ids
     names: list[str] = []
-    total = skipped = visited = 0
+    total = skipped = empty = visited = 0
     for file in files:
         if needed is not None and total >= needed:
             break
@@ -195,6 +198,11 @@ def text_sequences(
                 raise ValueError(f"{path} is not UTF-8 text; give a text file or a folder of them")
             skipped += 1
             continue
+        if not text:
+            if path.is_file():
+                raise ValueError(f"{path} is empty (0 bytes): it has no text; give a file of text")
+            empty += 1
+            continue
         if parts:
             parts.append(tokenizer.separator())
             total += parts[-1].numel()
@@ -203,8 +211,11 @@ def text_sequences(
         names.append(file.name if path.is_file() else str(file.relative_to(path)))
         parts.append(ids)
         total += ids.numel()
-    if not names:
+    if not names and not empty:
         raise ValueError(f"no text files in {path}: all {skipped} files are binary or not UTF-8")
+    if not names:
+        others = f", the other {skipped} binary or not UTF-8" if skipped else ""
+        raise ValueError(f"no text in {path}: {empty} of its files are empty (0 bytes){others}")
     ids = torch.cat(parts)  # (total,)
     if total < length + 1:
         raise ValueError(
@@ -224,6 +235,8 @@ def text_sequences(
     notes = []
     if skipped:
         notes.append(f"{skipped} files in {path} skipped: binary or not UTF-8")
+    if empty:
+        notes.append(f"{empty} empty files in {path} skipped")
     if visited < len(files):
         notes.append(
             f"read the first {visited} of the {len(files)} files in {path} (sorted by path): "

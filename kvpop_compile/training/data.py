@@ -46,14 +46,11 @@ def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
             raise ValueError(f"no .txt or .py files in {path}")
         return [f.read_text(encoding="utf-8", errors="replace") for f in files]
     if path.suffix == ".jsonl" and path.is_file():
-        texts = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                texts.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{number} is not a JSON object with a 'text'") from None
+        texts = [
+            _record_text(line, f"{path}:{number}")
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if line.strip()
+        ]
         if not texts:
             raise ValueError(f"{path} has no records")
         return texts
@@ -61,6 +58,23 @@ def read_texts(data: str | os.PathLike | Sequence[str]) -> list[str]:
         f"data must be a folder of .txt/.py files, a .jsonl file, an Arrow dataset (.arrow file "
         f"or a folder of them) or a list of texts; got {path}"
     )
+
+
+def _record_text(line: str, where: str) -> str:
+    """The ``text`` of one JSONL record, refused with ``ValueError`` naming ``where`` unless the
+    line is a JSON object whose ``text`` is a string."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict) or "text" not in record:
+        raise ValueError(f"{where} is not a JSON object with a 'text'")
+    text = record["text"]
+    if not isinstance(text, str):
+        raise ValueError(
+            f"{where}: 'text' must be a string, got {type(text).__name__} {text!r:.60}"
+        )
+    return text
 
 
 def read_arrow(files: Sequence[Path]) -> list[str]:

@@ -87,25 +87,39 @@ def _evaluate(objective, sequences: torch.Tensor, batch_size: int) -> dict:
     return {name: total / len(batches) for name, total in totals.items()}
 
 
+class CheckpointError(ValueError):
+    """A checkpoint in the output folder that a resumed run cannot continue: the file ``path``
+    and what is wrong with it (``problem``, a phrase that follows the path), so a front end can
+    say what its own users should do; the message says it for callers of :func:`train_scorer`."""
+
+    def __init__(self, message: str, *, path: Path, problem: str):
+        super().__init__(message)
+        self.path, self.problem = path, problem
+
+
 def _load_checkpoint(path: Path, recorded: dict) -> dict | None:
     if not path.is_file():
         return None
     try:
         checkpoint = torch.load(path, weights_only=True)
     except Exception as error:  # a truncated or foreign file: say so, leave it in place
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} is corrupt ({type(error).__name__}); delete it or pass "
-            "resume=False to start over"
-        ) from None
+            "resume=False to start over",
+            path=path, problem=f"is a corrupt checkpoint ({type(error).__name__})",
+        ) from None  # fmt: skip
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a kvpop_compile training checkpoint")
+        problem = "is not a kvpop_compile training checkpoint"
+        raise CheckpointError(f"{path} {problem}", path=path, problem=problem)
     if checkpoint["settings"] != recorded:  # a key set on one side only counts as changed
         saved = checkpoint["settings"]
-        changed = sorted(k for k in {*saved, *recorded} if saved.get(k) != recorded.get(k))
-        raise ValueError(
-            f"checkpoint {path} was made with other settings ({', '.join(changed)}); use "
-            "another output_dir or resume=False"
-        )
+        names = sorted(k for k in {*saved, *recorded} if saved.get(k) != recorded.get(k))
+        changed = ", ".join(names)
+        raise CheckpointError(
+            f"checkpoint {path} was made with other settings ({changed}); use "
+            "another output_dir or resume=False",
+            path=path, problem=f"is a checkpoint made with other settings ({changed})",
+        )  # fmt: skip
     return checkpoint
 
 
