@@ -16,7 +16,7 @@ from ..transform import require_transformed
 from . import aoti, onnx_engine, tensorrt
 from .manifest import read_manifest, write_engine_folder
 from .runner import EngineRunner
-from .steps import DecodeStep, PrefillStep, state_names
+from .steps import DecodeStep, PrefillStep, row_major, state_names
 
 FORMATS = {"aoti": aoti, "onnx": onnx_engine, "tensorrt": tensorrt}
 # Formats that can carry the prefill step (its stable sort has no exact ONNX operator).
@@ -91,10 +91,12 @@ def export(
     warmup = torch.zeros(batch, 2, dtype=torch.int64, device=device)
     with torch.no_grad():
         model(input_ids=warmup, cache=cache, use_cache=True)
-    state = [t for layer in cache.layers for t in layer.state.tensors()]
+    # Row-major examples: the runner passes every input in the strides it was exported with.
+    state = [row_major(t) for layer in cache.layers for t in layer.state.tensors()]
     names = state_names(model.config.num_hidden_layers)
     functional = FUNCTIONAL[format]
-    steps = {"decode": (DecodeStep(model, functional=functional), (warmup[:, :1], *state))}
+    token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+    steps = {"decode": (DecodeStep(model, functional=functional), (token, *state))}
     if prefill_length is not None:
         prompt = torch.zeros(batch, prefill_length, dtype=torch.int64, device=device)
         steps["prefill"] = (PrefillStep(model, functional=functional), (prompt, *state))
@@ -114,9 +116,51 @@ def export(
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
     }
+    # Each engine file records these too, so files of different exports are never mixed.
+    identity = {key: manifest[key] for key in ("weights_sha256", "kvpop_config")}
     return write_engine_folder(
-        Path(path), lambda folder: FORMATS[format].build(steps, folder), manifest
+        Path(path), lambda folder: FORMATS[format].build(steps, folder, identity), manifest
     )
+
+
+def _check_config(manifest: dict, config: KVpopConfig, whose: str) -> None:
+    for key, value in config.to_dict().items():
+        if manifest["kvpop_config"].get(key) != value:
+            raise ValueError(
+                f"engine mismatch: exported with {key}={manifest['kvpop_config'].get(key)!r}, "
+                f"{whose} {key}={value!r}"
+            )
+
+
+def _check_model(manifest: dict, model: nn.Module) -> None:
+    """Refuse an engine exported for another architecture, KVpop config or weights."""
+    for key, value in _model_description(model).items():
+        if manifest["model"].get(key) != value:
+            raise ValueError(
+                f"engine mismatch: exported for a model with {key}="
+                f"{manifest['model'].get(key)!r}, this model has {key}={value!r}"
+            )
+    # The same weights under another budget run another policy.
+    model_config = getattr(model, "kvpop_config", None)
+    if model_config is not None:
+        _check_config(manifest, model_config, "this model is transformed with")
+    # Same architecture is not the same model: the engine carries the exported weights.
+    if manifest["weights_sha256"] != weights_sha256(model):
+        raise ValueError(
+            "engine mismatch: exported from other weights (the SHA-256 of this model's "
+            f"state_dict is not the recorded {manifest['weights_sha256']!r}); export this "
+            "model to get its engine"
+        )
+
+
+def _check_step_files(folder: Path, manifest: dict) -> None:
+    suffix = FORMATS[manifest["format"]].SUFFIX
+    for step in manifest["steps"]:
+        if f"{step}{suffix}" not in manifest["files"]:
+            raise ValueError(
+                f"{folder / 'manifest.json'} lists the {step} step but not its file "
+                f"{step}{suffix}: it is not a complete engine; re-export the model"
+            )
 
 
 def load(
@@ -127,9 +171,17 @@ def load(
     cuda_graph: bool = False,
 ) -> EngineRunner:
     """Open an engine folder. With ``config`` or ``model`` given, refuse an engine exported for a
-    different KVpop config, or for a model of another architecture or other weights (the
-    weights, scorers included, are hashed: a few seconds per GB). ``cuda_graph`` replays an
-    AOTInductor engine's decode step on a CUDA device from one CUDA graph."""
+    different KVpop config, or for a model of another architecture, KVpop config or weights
+    (the weights, scorers included, are hashed: a few seconds per GB). Every engine file
+    records the weights' SHA-256 and the KVpop config it was exported from, and its inputs'
+    shapes and dtypes; a file that disagrees with the manifest (copied in from another export,
+    or a manifest edited to state another cache) is refused before it runs. ``cuda_graph``
+    replays an AOTInductor engine's decode step on a CUDA device from one CUDA graph.
+
+    An engine folder is code: an AOTInductor package is a shared library, loaded into this
+    process. The hashes catch damaged, edited or mixed-up folders, not a forged one (they are
+    unkeyed, and whoever can write the folder can write the code it runs), so load only engine
+    folders you exported or got from a source you trust."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     if config is not None and not isinstance(config, KVpopConfig):
@@ -141,31 +193,11 @@ def load(
         )
     folder = Path(path)
     manifest = read_manifest(folder)
-    format = manifest.get("format")
-    _check_format(format)
+    _check_format(manifest["format"])
+    _check_step_files(folder, manifest)
     if config is not None:
-        expected = config.to_dict()
-        for key, value in expected.items():
-            if manifest["kvpop_config"].get(key) != value:
-                raise ValueError(
-                    f"engine mismatch: exported with {key}={manifest['kvpop_config'].get(key)!r}, "
-                    f"expected {key}={value!r}"
-                )
+        _check_config(manifest, config, "expected")
     if model is not None:
-        for key, value in _model_description(model).items():
-            if manifest["model"].get(key) != value:
-                raise ValueError(
-                    f"engine mismatch: exported for a model with {key}="
-                    f"{manifest['model'].get(key)!r}, this model has {key}={value!r}"
-                )
-        # Same architecture is not the same model: the engine carries the exported weights.
-        if manifest.get("weights_sha256") != weights_sha256(model):
-            raise ValueError(
-                "engine mismatch: exported from other weights (the SHA-256 of this model's "
-                f"state_dict is not the recorded {manifest.get('weights_sha256')!r}); export this "
-                "model to get its engine"
-            )
-    steps = FORMATS[format].open_steps(folder, manifest)
-    return EngineRunner(
-        folder, manifest, steps, device=manifest.get("device", "cpu"), cuda_graph=cuda_graph
-    )
+        _check_model(manifest, model)
+    steps = FORMATS[manifest["format"]].open_steps(folder, manifest)
+    return EngineRunner(folder, manifest, steps, device=manifest["device"], cuda_graph=cuda_graph)

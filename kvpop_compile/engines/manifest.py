@@ -6,6 +6,10 @@ a SHA-256 of every engine file, so a corrupted, truncated or swapped file is ref
 producing wrong tokens. It also holds the SHA-256 of its own content: the engine files were
 built for exactly what the manifest says, so an edited manifest (a window, a batch) would
 describe an engine that does not exist, and is refused.
+
+These hashes are unkeyed: they catch accidents (a damaged copy, a hand edit, files mixed from
+two exports), not someone who rewrites the folder, who could as well rewrite the engine's code.
+Each engine file also records what it was built from (:mod:`.binding`), checked at load.
 """
 
 from __future__ import annotations
@@ -15,12 +19,28 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from .._version import __version__
 from ..atomic import replace_folder, sha256
 
 MANIFEST = "manifest.json"
-# Version 2 adds the manifest's own hash and the weights' hash.
-MANIFEST_VERSION = 2
+# Version 2 adds the manifest's own hash and the weights' hash; version 3, engine files that
+# record their own inputs and the weights and config they were exported from.
+MANIFEST_VERSION = 3
+STEPS = ("decode", "prefill")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int64": torch.int64}  # fmt: skip
+# The fields every manifest holds and the JSON types they have (None: JSON null).
+FIELDS = {
+    "manifest_version": int, "library_version": str, "manifest_sha256": str, "format": str,
+    "steps": list, "batch": int, "prefill_length": (int, type(None)), "model": dict,
+    "weights_sha256": str, "kvpop_config": dict, "state": list, "device": str,
+    "torch_version": str, "transformers_version": str, "files": dict,
+}  # fmt: skip
+STATE_FIELDS = {"name": str, "shape": list, "dtype": str}
+JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+              float: "a number", bool: "a boolean", type(None): "null"}  # fmt: skip
 
 
 def manifest_sha256(manifest: dict) -> str:
@@ -55,8 +75,84 @@ def write_engine_folder(path: Path, build: Callable[[Path], None], manifest: dic
     return path
 
 
+def _json_type(value) -> str:
+    return JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _has_type(value, kind) -> bool:
+    # JSON true/false load as bools, which Python counts as ints: never a valid count.
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _check_fields(manifest_path: Path, entries: dict, fields: dict, where: str = "") -> None:
+    """Refuse a missing field or one of another JSON type, naming it and what is expected."""
+    for name, kind in fields.items():
+        field = f"{where}{name}"
+        if name not in entries:
+            raise ValueError(
+                f"{manifest_path} lacks the field {field!r}: it is not a complete engine "
+                f"manifest; re-export the model"
+            )
+        if not _has_type(entries[name], kind):
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            raise ValueError(
+                f"{manifest_path}: field {field!r} must be "
+                f"{' or '.join(JSON_NAMES[k] for k in kinds)}, got {_json_type(entries[name])} "
+                f"{entries[name]!r}"
+            )
+
+
+def _check_state(manifest_path: Path, state: list) -> None:
+    for i, spec in enumerate(state):
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"{manifest_path}: state[{i}] must be an object with name, shape and dtype, got "
+                f"{_json_type(spec)} {spec!r}"
+            )
+        _check_fields(manifest_path, spec, STATE_FIELDS, where=f"state[{i}].")
+        if not all(_has_type(size, int) and size >= 0 for size in spec["shape"]):
+            raise ValueError(
+                f"{manifest_path}: state[{i}].shape must be a list of sizes >= 0, got "
+                f"{spec['shape']!r}"
+            )
+        if spec["dtype"] not in DTYPES:
+            raise ValueError(
+                f"{manifest_path}: state[{i}].dtype must be one of {', '.join(DTYPES)}, got "
+                f"{spec['dtype']!r}"
+            )
+
+
+def _check_steps(manifest_path: Path, manifest: dict) -> None:
+    steps, prefill_length = manifest["steps"], manifest["prefill_length"]
+    if (
+        not all(isinstance(step, str) for step in steps)
+        or "decode" not in steps
+        or not set(steps) <= set(STEPS)
+        or len(set(steps)) != len(steps)
+    ):
+        raise ValueError(
+            f"{manifest_path}: steps must be decode and optionally prefill, got {steps!r}"
+        )
+    if manifest["batch"] < 1 or (prefill_length is not None and prefill_length < 2):
+        raise ValueError(
+            f"{manifest_path}: batch must be >= 1 and prefill_length >= 2 or null, got batch "
+            f"{manifest['batch']!r}, prefill_length {prefill_length!r}"
+        )
+    if ("prefill" in steps) != (prefill_length is not None):
+        raise ValueError(
+            f"{manifest_path}: a prefill step goes with a prefill_length, got steps {steps!r} "
+            f"and prefill_length {prefill_length!r}"
+        )
+    if not _has_type(manifest["model"].get("vocab_size"), int):
+        raise ValueError(
+            f"{manifest_path}: model.vocab_size must be a number of token ids, got "
+            f"{manifest['model'].get('vocab_size')!r}"
+        )
+
+
 def read_manifest(path: Path) -> dict:
-    """Read and verify an engine folder's manifest and files."""
+    """Read and verify an engine folder's manifest and files: a JSON object with every field of
+    :data:`FIELDS`, of this library's version, unedited, and every file it lists intact."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -65,6 +161,11 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{manifest_path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(
+            f"{manifest_path} must hold a JSON object (format, steps, batch, state, files, ...), "
+            f"got {_json_type(manifest)}: it is not an engine manifest"
+        )
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise ValueError(
             f"{manifest_path} has manifest version {manifest.get('manifest_version')!r}; "
@@ -81,7 +182,10 @@ def read_manifest(path: Path) -> dict:
             f"at export): the engine files were built for the manifest as exported; re-export "
             f"the model to change a setting"
         )
-    for name, digest in manifest.get("files", {}).items():
+    _check_fields(manifest_path, manifest, FIELDS)
+    _check_state(manifest_path, manifest["state"])
+    _check_steps(manifest_path, manifest)
+    for name, digest in manifest["files"].items():
         file = path / name
         if not file.is_file():
             raise FileNotFoundError(f"engine file {file} is missing")

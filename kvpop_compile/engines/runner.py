@@ -7,10 +7,8 @@ from pathlib import Path
 import torch
 
 from ..cuda_graph import CapturedGraph
-from .steps import empty_fill
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "int64": torch.int64}  # fmt: skip
+from .manifest import DTYPES
+from .steps import empty_fill, row_major
 
 
 class EngineRunner:
@@ -20,6 +18,14 @@ class EngineRunner:
     step takes it as input and returns it updated. With ``cuda_graph`` (an AOTInductor engine on
     a CUDA device) the decode step is captured in one CUDA graph at its first call and replayed
     for every token after: the cache's tensors never move, so one capture serves every step.
+
+    Every input reaches the engine in row-major strides, as it was exported (a compiled step
+    reads its inputs with the strides it was traced at): token ids of any layout are copied into
+    them. Token ids outside ``[0, vocab_size)`` are refused before they reach the engine (an
+    embedding lookup would read out of bounds, or wrap a negative id): :meth:`prefill` and
+    :meth:`decode` check the ids they are given on the host, one small reduction per call; the
+    decode steps of :meth:`generate` feed back the argmax of the engine's own logits, in range
+    by construction, and skip the check, so generating never waits on the device.
     """
 
     def __init__(
@@ -36,7 +42,8 @@ class EngineRunner:
         self.steps = steps
         self.device = torch.device(device)
         self.batch = manifest["batch"]
-        self.prefill_length = manifest.get("prefill_length")
+        self.prefill_length = manifest["prefill_length"]
+        self.vocab_size = manifest["model"]["vocab_size"]
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"cuda_graph must be True or False, got {cuda_graph!r}")
         if cuda_graph and (self.device.type != "cuda" or manifest.get("format") != "aoti"):
@@ -59,7 +66,7 @@ class EngineRunner:
             tensor.fill_(empty_fill(spec["name"]))
 
     def _run(self, name: str, tokens: torch.Tensor) -> torch.Tensor:
-        outputs = self.steps[name]([tokens.to(self.device), *self.state])
+        outputs = self.steps[name]([row_major(tokens.to(self.device)), *self.state])
         logits, state = outputs[0], outputs[1:]
         for tensor, new in zip(self.state, state, strict=True):
             if new.data_ptr() != tensor.data_ptr():
@@ -67,8 +74,9 @@ class EngineRunner:
         return logits
 
     def _check(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Integer ``(batch, N)`` ids as the engine's int64, refused before any engine call: a
-        wrong shape would fail deep inside the runtime, and float ids would be truncated."""
+        """Integer ``(batch, N)`` ids in ``[0, vocab_size)`` as the engine's int64, refused
+        before any engine call: a wrong shape would fail deep inside the runtime, float ids
+        would be truncated, and an id out of range would index past the embedding table."""
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"token ids must be a torch.Tensor, got {type(tokens).__name__}")
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
@@ -81,6 +89,12 @@ class EngineRunner:
                 f"expected token ids of shape ({self.batch}, N) for this engine (exported for "
                 f"batch {self.batch}), got {tuple(tokens.shape)}"
             )
+        outside = (tokens < 0) | (tokens >= self.vocab_size)
+        if bool(outside.any()):
+            raise ValueError(
+                f"token id {int(tokens[outside][0])} is outside this engine's vocabulary: ids "
+                f"must be in [0, {self.vocab_size})"
+            )
         return tokens.to(torch.int64)
 
     def decode(self, token: torch.Tensor) -> torch.Tensor:
@@ -88,9 +102,13 @@ class EngineRunner:
         token = self._check(token)
         if token.shape[1] != 1:
             raise ValueError(f"decode takes one token per sequence, got {token.shape[1]}")
+        return self._decode(token)
+
+    def _decode(self, token: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode` of checked ids ``(B, 1)``."""
         if not self.cuda_graph:
             return self._run("decode", token)
-        token = token.to(self.device)  # a CUDA device: the constructor checked
+        token = row_major(token.to(self.device))  # a CUDA device: the constructor checked
         if self.captured is None:
             self.captured = CapturedGraph(lambda t: self._run("decode", t), token, self.state)
         return self.captured.replay(token)
@@ -121,7 +139,7 @@ class EngineRunner:
             for start in range(begin, whole, self.prefill_length):
                 logits = self._run("prefill", input_ids[:, start : start + self.prefill_length])
         for i in range(whole, input_ids.shape[1]):
-            logits = self.decode(input_ids[:, i : i + 1])
+            logits = self._decode(input_ids[:, i : i + 1])
         return logits
 
     def _padded_columns(self, input_ids: torch.Tensor, attention_mask) -> torch.Tensor:
@@ -151,9 +169,9 @@ class EngineRunner:
     def _decode_rows(self, token: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """A decode step that changes the cache of the ``active (B,)`` rows only."""
         if bool(active.all()):
-            return self.decode(token)
+            return self._decode(token)
         before = [tensor.clone() for tensor in self.state]
-        logits = self.decode(token)
+        logits = self._decode(token)
         active = active.to(self.device)
         for tensor, old in zip(self.state, before, strict=True):
             keep = active.view(-1, *([1] * (tensor.dim() - 1)))
@@ -174,6 +192,6 @@ class EngineRunner:
         token = self.prefill(input_ids, attention_mask).argmax(dim=-1, keepdim=True)
         tokens = [input_ids.to(token.device), token]
         for _ in range(max_new_tokens - 1):
-            token = self.decode(token).argmax(dim=-1, keepdim=True)
+            token = self._decode(token).argmax(dim=-1, keepdim=True)
             tokens.append(token)
         return torch.cat([t.cpu() for t in tokens], dim=1)

@@ -10,6 +10,12 @@ runs a prompt of fixed length into the state, continuing what it holds. ``state`
 Exporters that keep mutated state only as side effects lose it (ONNX drops in-place updates of
 buffers); with ``functional=True`` the step clones its state inputs and returns the updated
 copies, so the new cache is a real graph output. AOTInductor runs the in-place form.
+
+Every input is exported, and run, in row-major strides (:func:`row_major`): a compiled step
+indexes its inputs with the strides it was traced at, whatever the strides of the tensors it is
+given: a column ``ids[:, i : i + 1]`` of a ``(B, N)`` prompt has strides ``(N, 1)``, and a
+decode step traced at a fresh ``(B, 1)`` token would read row ``b`` of it at ``b``, not
+``b * N``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,23 @@ def state_names(num_layers: int) -> list[str]:
 def empty_fill(name: str) -> float:
     """The value an empty cache holds in the state tensor called ``name``."""
     return EMPTY_FILL.get(name.rsplit(".", 1)[-1], 0)
+
+
+def row_major_strides(shape) -> list[int]:
+    """The strides ``torch.empty(shape)`` has: row-major, a size-0 or size-1 dimension counted
+    as one element."""
+    strides, step = [], 1
+    for size in reversed(list(shape)):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return strides[::-1]
+
+
+def row_major(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, copied into row-major strides unless it has them."""
+    if list(tensor.stride()) == row_major_strides(tensor.shape):
+        return tensor
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)
 
 
 def export_step(module: nn.Module, example: tuple, *, decompose: bool = False):
