@@ -159,9 +159,27 @@ def compile(
         )
     if backend == "tensorrt":
         import_torch_tensorrt("backend='tensorrt'")  # registers torch.compile's backend
-    step = partial(decode_one_token, model)
-    compiled = torch.compile(step, backend=backend, fullgraph=True, **options)
+    compiled = torch.compile(_own_decode_step(model), backend=backend, fullgraph=True, **options)
     return CUDAGraphStep(compiled) if cuda_graph else compiled
+
+
+def _own_decode_step(model: nn.Module) -> DecodeFunction:
+    """:func:`decode_one_token` bound to ``model``, as a function with a code object of its own.
+
+    torch.compile keeps its compiled graphs per code object, and a code object that gathers
+    more than ``torch._dynamo.config.recompile_limit`` (8) of them fails under
+    ``fullgraph=True``. Each model's step is a graph of its own (its guards name the model's
+    modules), so steps sharing a code object would fail from the ninth compiled model on: a
+    ``functools.partial`` is compiled through a wrapper whose code object every compiled
+    partial in the process shares, and every closure made here shares one code object. A copy
+    of the code object gives each compiled step a cache of its own, freed with the step; the
+    limits and other compiled functions' caches are left as they are."""
+
+    def step(token: torch.Tensor, position: torch.Tensor | None, cache: KVpopCache):
+        return decode_one_token(model, token, position, cache)
+
+    step.__code__ = step.__code__.replace()  # an equal code object, but not the same one
+    return step
 
 
 @torch.no_grad()
