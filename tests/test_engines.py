@@ -146,9 +146,9 @@ def test_manifest_describes_the_engine(model, engines):
     assert keys["shape"] == [1, 2, CONFIG.capacity, 16]
 
 
-def damaged_copy(engines, tmp_path, damage):
+def damaged_copy(engines, tmp_path, damage, format="onnx"):
     folder = tmp_path / "engine"
-    shutil.copytree(engines["onnx"], folder)
+    shutil.copytree(engines[format], folder)
     damage(folder)
     return folder
 
@@ -179,6 +179,28 @@ def test_damaged_or_mismatched_engines_are_refused(model, engines, tmp_path):
     with pytest.raises(ValueError, match="engine mismatch: exported for a model with vocab_size"):
         kc.load(engines["onnx"], model=tiny_qwen3(vocab_size=300))
     kc.load(engines["onnx"], config=CONFIG, model=model)
+
+
+def flip_one_byte(file: Path) -> None:
+    """Same length, one byte changed in the middle: only the hash can tell."""
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("format", ["aoti", "onnx"])
+def test_every_engine_file_is_hash_checked(engines, format, tmp_path):
+    """Each file of the folder, damaged alone (an AOTI engine's prefill package as well as its
+    decode package), is refused by name: the manifest lists every file and checks them all."""
+    listed = sorted(read_manifest(engines[format])["files"])
+    on_disk = sorted(p.name for p in engines[format].iterdir() if p.name != "manifest.json")
+    assert listed == on_disk
+    assert len(listed) == {"aoti": 2, "onnx": 1}[format]
+    for name in listed:
+        damage = lambda folder, name=name: flip_one_byte(folder / name)  # noqa: E731
+        folder = damaged_copy(engines, tmp_path / name, damage, format=format)
+        with pytest.raises(ValueError, match=f"{name} is corrupted or truncated"):
+            kc.load(folder)
 
 
 def edit_manifest(change):

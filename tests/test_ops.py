@@ -96,3 +96,31 @@ def test_update_cache_op_takes_the_free_slot_then_writes_the_new_token():
     assert state.positions[0, 0, 5].item() == 8
     assert torch.equal(state.keys[:, :, 5], new_key[:, :, 0])
     assert torch.equal(state.window_keys[:, :, 1], new_key[:, :, 0])
+
+
+def test_decode_attention_on_a_bf16_cache_computes_in_float32():
+    """bf16 queries and cache: the op (and the reference it wraps on the CPU) computes in
+    float32 and rounds once, so its output is the float64 truth rounded to bf16. A float32
+    result lies within a few float32 ulps of the truth, 2**16 times finer than a bf16 ulp: it
+    rounds as the truth does (none of these 512 outputs lies that close to a rounding
+    midpoint), where a weighted sum in bf16 is a bf16 ulp off on a large share of them."""
+    from kernel_support import attention_truth
+
+    g = torch.Generator().manual_seed(0)
+    batch, kv_heads, group, capacity, dim = 2, 2, 2, 40, 64
+    q = torch.randn(batch, kv_heads * group, 1, dim, generator=g).bfloat16()
+    keys, values = (torch.randn(batch, kv_heads, capacity, dim, generator=g).bfloat16()
+                    for _ in range(2))  # fmt: skip
+    positions = torch.randint(0, 500, (batch, kv_heads, capacity), generator=g)
+    positions = torch.where(torch.rand(positions.shape, generator=g) < 0.3, -1, positions)
+    scale = dim**-0.5
+    visible = (positions >= 0)[:, :, None, None, :]
+    qg = q.reshape(batch, kv_heads, group, 1, dim)
+    truth, _, _ = attention_truth(qg, keys, values, visible, scale)
+    truth = truth.reshape(q.shape).to(torch.bfloat16)
+    for out, got_probs in (
+        torch.ops.kvpop.decode_attention(q, keys, values, positions, scale, True),
+        bounded_decode_attention(q, keys, values, positions, scale=scale),
+    ):
+        assert out.dtype == torch.bfloat16 and got_probs.dtype == torch.float32
+        assert torch.equal(out, truth)

@@ -1,5 +1,7 @@
 """Scorers: shapes, detached inputs, determinism, and memory parallel ≡ recurrent."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -115,11 +117,67 @@ def test_learned_scorer_initialisation_is_seeded_and_leaves_global_rng_alone():
     assert isinstance(build_scorer(KVpopConfig(), 2, 8), MemoryScorer)
 
 
+@pytest.mark.parametrize("kind", ["memory", "mlp"])
+def test_learned_scorer_initialisation_differs_by_seed_and_by_layer(kind):
+    """Seed 0 or 5, layer 0 or 1: four different initialisations, each reproduced exactly."""
+
+    def weights(seed, layer):
+        scorer = build_scorer(KVpopConfig(scorer=kind, seed=seed), 2, 8, layer_idx=layer)
+        return torch.cat([p.detach().flatten() for p in scorer.parameters()])
+
+    drawn = {(seed, layer): weights(seed, layer) for seed in (0, 5) for layer in (0, 1)}
+    for (seed, layer), tensor in drawn.items():
+        assert torch.equal(tensor, weights(seed, layer))
+        others = [other for key, other in drawn.items() if key != (seed, layer)]
+        assert not any(torch.equal(tensor, other) for other in others), (seed, layer)
+
+
 @pytest.mark.parametrize("kind", ["h2o", "tova"])
 def test_attention_fed_scorers_have_no_per_token_score(kind):
     scorer = build_scorer(KVpopConfig(scorer=kind), 1, 4)
     with pytest.raises(ValueError, match="attention-fed"):
         scorer.score_sequence(torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), 1)
+
+
+def test_tova_scores_each_token_by_the_latest_querys_attention_alone():
+    """One key dimension, scale 1, a pool of one slot and a window of one: keys 0, 1, 0. At
+    step 1 the query is 2 in row 0 and -2 in row 1, so token 0 gets ``1 / (1 + e^2)`` (row 0)
+    or ``e^2 / (1 + e^2)`` (row 1) and token 1 the rest; at step 2 token 1 leaves the window
+    with that attention as its priority against token 0's. TOVA scores token 0 by step 1's
+    attention alone, so row 0 keeps token 1 and row 1 keeps token 0; an accumulating score
+    (token 0's 1 from step 0 added) would keep token 0 in both rows. At step 2 the query is 0:
+    both held tokens get attention 1/2."""
+    from kvpop_compile.runtime import BoundedCacheState, decode_step
+
+    config = KVpopConfig(sinks=0, window=1, topk=1, lam=0.0, scorer="tova")
+    scorer = build_scorer(config, 1, 1)
+    state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=1)
+    keys = [0.0, 1.0, 0.0]
+    queries = [[0.0, 0.0], [2.0, -2.0], [0.0, 0.0]]  # per step, per row
+    low = 1 / (1 + math.exp(2))
+    # Per step and row: {position: attention that step's query gives it}.
+    expected = [
+        [{0: 1.0}, {0: 1.0}],
+        [{0: low, 1: 1 - low}, {0: 1 - low, 1: low}],
+        [{1: 0.5, 2: 0.5}, {0: 0.5, 2: 0.5}],
+    ]
+    for step, (key, query) in enumerate(zip(keys, queries, strict=True)):
+        k = torch.full((2, 1, 1, 1), key)
+        q = torch.tensor(query).view(2, 1, 1, 1)
+        decode_step(state, q, k, k, k, scorer=scorer, config=config, scale=1.0)
+        for row in range(2):
+            held = {
+                int(p): float(a)
+                for p, a in zip(state.positions[row, 0], state.statistic[row, 0], strict=True)
+                if p >= 0
+            }
+            assert held.keys() == expected[step][row].keys()
+            # A float32 softmax of two scores: a few float32 ulps from the exact value.
+            for position, attention in expected[step][row].items():
+                assert held[position] == pytest.approx(attention, rel=1e-6)
+            pool = int(state.positions[row, 0, 0])
+            if pool >= 0:
+                assert float(state.priorities[row, 0, 0]) == pytest.approx(held[pool], rel=1e-6)
 
 
 def test_build_scorer_rejects_bad_sizes():

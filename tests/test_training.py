@@ -1,5 +1,8 @@
 """Scorer training: the training-graph pass, train_scorer, checkpoints and resume."""
 
+import dataclasses
+import math
+
 import pytest
 import torch
 from tiny_models import prompt, tiny_qwen3
@@ -8,7 +11,12 @@ from training_support import CONFIG, TEXTS, run
 
 import kvpop_compile as kc
 from kvpop_compile.capture import capture_attention
-from kvpop_compile.runtime import build_scorer, future_attention_target_dense, masked_attention
+from kvpop_compile.runtime import (
+    BoundaryDecisions,
+    build_scorer,
+    future_attention_target_dense,
+    masked_attention,
+)
 from kvpop_compile.scorer_io import tensors_sha256
 from kvpop_compile.training import train_scorer
 from kvpop_compile.training.losses import boundary_decisions, boundary_loss
@@ -76,15 +84,20 @@ def test_training_graph_never_holds_an_n_by_n_tensor():
 
 
 @pytest.mark.parametrize("loss_kind", ["boundary", "gap"])
-def test_loss_equals_a_hand_written_step_on_the_dense_reference(loss_kind):
+@pytest.mark.parametrize(("tau", "lam"), [(1.0, 0.0), (3.0, 0.05)])
+def test_loss_equals_a_hand_written_step_on_the_dense_reference(loss_kind, tau, lam):
+    """The layer's loss at the run's temperature ``tau`` and decay ``lam`` (priorities
+    ``r_t + lam * t`` for the scorer's scores and for the target's, in the decisions and the
+    gap weights alike)."""
+    config = dataclasses.replace(CONFIG, lam=lam)
     model = tiny_qwen3()
     attention, gm = training_graph(model)
     n = 64
     hidden = torch.randn(2, n, model.config.hidden_size)
     cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None].expand(2, -1))
     kv_heads = model.config.num_key_value_heads
-    scorer = build_scorer(CONFIG, kv_heads, attention.head_dim, gm.kvpop_layer_idx)
-    scorer_loss = ScorerLoss(scorer, CONFIG, loss_kind, tau=1.0)
+    scorer = build_scorer(config, kv_heads, attention.head_dim, gm.kvpop_layer_idx)
+    scorer_loss = ScorerLoss(scorer, config, loss_kind, tau=tau)
     with torch.no_grad():
         _, *scorer_inputs = gm(hidden, cos, sin)
         loss, accuracy = scorer_loss(*scorer_inputs)
@@ -99,12 +112,37 @@ def test_loss_equals_a_hand_written_step_on_the_dense_reference(loss_kind):
             q, k, window=CONFIG.window, scale=attention.scaling
         )
         rhat, _ = scorer.score_sequence(raw_k, v, CONFIG.window)
-        decisions = boundary_decisions(target, sinks=2, window=8, topk=16, lam=0.0)
-        weights = target if loss_kind == "gap" else None
-        expected = boundary_loss(rhat, decisions, target_priority=weights)
+        decay = lam * torch.arange(n)
+        decisions = boundary_decisions(target, sinks=2, window=8, topk=16, lam=lam)
+        weights = target + decay if loss_kind == "gap" else None
+        expected = boundary_loss(rhat + decay, decisions, tau=tau, target_priority=weights)
+        undecayed = boundary_decisions(target, sinks=2, window=8, topk=16, lam=0.0)
+    assert torch.equal(decisions.keep, undecayed.keep) == (lam == 0)  # the decay decides
     # Same float32 values by two routes (dense vs transposed target: ~1e-6 apart in log space).
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
     assert 0 <= float(accuracy) <= 1
+
+
+@pytest.mark.parametrize("tau", [0.5, 3.0])
+def test_boundary_loss_divides_the_margin_by_tau(tau):
+    """Hand-built decisions over 4 queries, two of them valid: at query 2 the new token 2
+    (priority -0.5) enters over the boundary token 1 (1.0), at query 3 the new token 3 (2.0)
+    is dropped against token 0 (0.0). The loss is the mean of ``softplus(-y * margin / tau)``,
+    and weighted by the target gaps (3 and 1) with ``target_priority``."""
+    pred = torch.tensor([[0.0, 1.0, -0.5, 2.0]])
+    decisions = BoundaryDecisions(
+        new=torch.tensor([[0, 0, 2, 3]]),
+        boundary=torch.tensor([[0, 0, 1, 0]]),
+        keep=torch.tensor([[False, False, True, False]]),
+        valid=torch.tensor([[False, False, True, True]]),
+    )
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    enters, dropped = softplus(1.5 / tau), softplus(2.0 / tau)  # -y * margin = 1.5 and 2
+    loss = boundary_loss(pred, decisions, tau=tau)
+    torch.testing.assert_close(loss, torch.tensor((enters + dropped) / 2))
+    target = torch.tensor([[1.0, 4.0, 1.0, 2.0]])  # gaps |1 - 4| = 3 and |2 - 1| = 1
+    weighted = boundary_loss(pred, decisions, tau=tau, target_priority=target)
+    torch.testing.assert_close(weighted, torch.tensor((3 * enters + 1 * dropped) / 4))
 
 
 @pytest.mark.parametrize("target", ["mean", "max"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_qwen3
+from tiny_models import prompt, tiny_qwen3
 from training_support import CONFIG, run
 
 # A small held-out split: each evaluation runs the teacher and the student over all of it.
@@ -42,6 +42,76 @@ def kc_scorers(path):
     model = kc.transform(tiny_qwen3(), CONFIG)
     kc.save_scorer(model, path)
     return load_file(path / "scorer.safetensors")
+
+
+def test_the_students_scorer_reads_the_keys_before_rope():
+    """Each layer's student attention hands its scorer the layer's keys before the rotary
+    embedding, ``k_norm(k_proj(hidden))``, recomputed here from the layer's own modules; the
+    keys after it differ at every position but the first."""
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    from kvpop_compile.runtime import build_scorer
+    from kvpop_compile.training.objectives import student_attention
+
+    model = tiny_qwen3()
+    kv_heads, head_dim = model.config.num_key_value_heads, model.config.head_dim
+    scorers = [build_scorer(CONFIG, kv_heads, head_dim, layer) for layer in range(2)]
+    received, hidden = [], []
+    for scorer in scorers:
+        score_sequence = scorer.score_sequence
+
+        def recording(k, v, window, score_sequence=score_sequence):
+            received.append(k.detach().clone())
+            return score_sequence(k, v, window)
+
+        scorer.score_sequence = recording
+    ids = prompt(batch=2, length=40)
+    with student_attention(model, CONFIG, scorers) as attentions, torch.no_grad():
+        for attention in attentions:
+            attention.register_forward_pre_hook(
+                lambda _, args, kwargs: hidden.append(kwargs["hidden_states"].clone()),
+                with_kwargs=True,
+            )
+        model(input_ids=ids, use_cache=False)
+        shape = (2, 40, kv_heads, head_dim)
+        expected = [a.k_norm(a.k_proj(h).view(shape)).transpose(1, 2)
+                    for a, h in zip(attentions, hidden, strict=True)]  # fmt: skip
+        cos, sin = model.model.rotary_emb(hidden[0], torch.arange(40)[None].expand(2, -1))
+    assert len(received) == 2
+    for got, raw_k in zip(received, expected, strict=True):
+        assert torch.equal(got, raw_k)  # the same modules on the same input
+        rotated = apply_rotary_pos_emb(raw_k, raw_k, cos, sin)[1]
+        assert (rotated - raw_k)[:, :, 1:].abs().amax(dim=-1).min() > 0
+
+
+@pytest.mark.parametrize("span", [0, 3])
+def test_the_student_keeps_what_the_cache_keeps_under_a_temporal_decay(span):
+    """With ``lam > 0`` the priorities are ``rhat_t + lam * t``: the student's attention under
+    the running top-k equals the bounded cache's one-shot prefill of the same tokens, and the
+    decay changes what is kept (the outputs differ from those at ``lam = 0``)."""
+    from kvpop_compile import KVpopConfig
+    from kvpop_compile.runtime import BoundedCacheState, build_scorer, chunk_step
+    from kvpop_compile.training.student_attention import StudentAttention
+
+    def student_and_cache(lam):
+        config = KVpopConfig(sinks=2, window=3, topk=4, lam=lam, scorer="memory", memory_dim=4,
+                             memory_value_dim=4, scorer_hidden=8, priority_span=span)  # fmt: skip
+        scorer = build_scorer(config, 2, 8)
+        student = StudentAttention(config, 8**-0.5)
+        student.scorer = scorer
+        state = BoundedCacheState.empty(config, scorer, batch=2, head_dim=8)
+        cached = chunk_step(state, q, k, raw_k, v, scorer=scorer, config=config, scale=8**-0.5)
+        return student(q, k, v, raw_k), cached
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 30, 8, generator=g)
+    k, raw_k, v = (torch.randn(2, 2, 30, 8, generator=g) for _ in range(3))
+    with torch.no_grad():
+        decayed, cached = student_and_cache(0.2)
+        undecayed, _ = student_and_cache(0.0)
+    # Both sum the same float32 terms in another order: a few ulps of unit-scale outputs.
+    torch.testing.assert_close(decayed, cached, rtol=1e-5, atol=1e-5)
+    assert (decayed - undecayed).abs().max() > 0.1
 
 
 def test_resumed_distillation_equals_an_uninterrupted_one(tmp_path):
