@@ -24,6 +24,17 @@ def assert_unchanged(model, before) -> None:
         assert all(torch.equal(layer[k], saved[k]) for k in saved)
 
 
+def refusal_leaving_the_model_unchanged(folder, match: str | None = None) -> str:
+    """``load_scorer``'s message for ``folder`` into a fresh model, which it must refuse before
+    changing any of the model's parameters."""
+    fresh = transformed()
+    before = parameters(fresh)
+    with pytest.raises(ValueError, match=match) as refused:
+        kc.load_scorer(fresh, folder)
+    assert_unchanged(fresh, before)
+    return str(refused.value)
+
+
 @pytest.fixture
 def folder(tmp_path):
     """A scorer saved from a two-layer model with trained-looking (non-initial) parameters."""
@@ -42,14 +53,9 @@ def test_tensors_of_layers_the_model_lacks_are_refused_naming_them(folder):
         return {**tensors, **extra, "scale": torch.ones(1)}
 
     rewrite_tensors(folder, third_layer)
-    fresh = transformed()
-    before = parameters(fresh)
-    with pytest.raises(ValueError, match="holds tensors of no layer: ") as refused:
-        kc.load_scorer(fresh, folder)
-    message = str(refused.value)
+    message = refusal_leaving_the_model_unchanged(folder, "holds tensors of no layer: ")
     assert "layers.2.b_gates, layers.2.readout.b1, " in message and "scale" in message
     assert message.endswith("scorer.json allows layers.<i>.<name> with i < 2 (its layers)")
-    assert_unchanged(fresh, before)
 
 
 def test_load_layers_refuses_tensors_no_scorer_takes(folder):
@@ -73,15 +79,11 @@ def test_an_integer_tensor_for_a_float_parameter_is_refused(folder, dtype):
         return tensors
 
     rewrite_tensors(folder, integers)
-    fresh = transformed()
-    before = parameters(fresh)
-    with pytest.raises(ValueError) as refused:
-        kc.load_scorer(fresh, folder)
-    assert str(refused.value) == (
+    # Layer 0 is fine, and is not loaded either.
+    assert refusal_leaving_the_model_unchanged(folder) == (
         f"scorer mismatch in layer 1: w_gates is {dtype}, the model's w_gates is torch.float32: "
         "a floating-point tensor is needed"
     )
-    assert_unchanged(fresh, before)  # layer 0 was fine, and is not loaded either
 
 
 def test_a_float_tensor_of_another_precision_loads_as_its_values(folder):
@@ -133,11 +135,6 @@ def test_a_scorer_json_with_a_shape_that_is_not_a_count_does_not_load(folder, fi
     description = json.loads((folder / "scorer.json").read_text())
     description[field] = value
     (folder / "scorer.json").write_text(json.dumps(description))
-    fresh = transformed()
-    before = parameters(fresh)
-    with pytest.raises(ValueError) as refused:
-        kc.load_scorer(fresh, folder)
-    assert str(refused.value) == (
+    assert refusal_leaving_the_model_unchanged(folder) == (
         f"{folder / 'scorer.json'}: {field} must be an integer >= 1, got {value!r}"
     )
-    assert_unchanged(fresh, before)
