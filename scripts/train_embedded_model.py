@@ -251,7 +251,10 @@ def main(argv: list[str] | None = None) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{n_params:,} parameters; training for {args.steps or f'{args.minutes} min'}")
 
-    monitor = held_out_recall(RECALL_MONITOR_ITEMS, lengths=(LONG_LEN,))
+    # Followed on validation text and families: what the run is judged on stays unseen.
+    monitor = held_out_recall(
+        RECALL_MONITOR_ITEMS, (LONG_LEN,), ("train", "validation"), "validation"
+    )
 
     def checkpoint(state: dict) -> None:
         state |= {"model": model.state_dict(), "earlier_runs": runs, "argv": run_argv(argv)}

@@ -1,50 +1,60 @@
-"""Long-range recall items built from standard-library code, for the embedded model.
+"""Long-range recall items: real text with a few lines planted in it and a question at the end
+whose answer is only in the planted lines, far back.
 
-An item is real code from the corpus with a few lines planted in it and a question at the end
-whose answer is only in the planted lines, far back:
+Three tasks, each written in one of many syntax families (:mod:`.recall_syntax`):
 
-- ``lookup``: ``QZWKRT = 4821`` early; the prompt ends ``assert QZWKRT == `` → ``4821``;
-- ``multi_key``: eight such definitions, one of them asked for;
-- ``chain``: ``xkqpv = 4821`` … ``mtrwaz = xkqpv`` … ``assert mtrwaz == `` → ``xkqpv == 4821``,
-  next to a second chain with another value: the answer writes out both hops, the name the
-  alias stands for and then that name's value, as a model reasoning step by step would;
-- ``call``: ``def hvqzrk():`` / ``return 4821`` early; the prompt ends ``assert hvqzrk() == ``.
+- ``lookup``: one binding early (``QZWKRT = 4821``, ``<qzwkrt>4821</qzwkrt>``, …); the prompt
+  ends with the family's question (``assert QZWKRT == ``, ``<qzwkrt>``) → the value;
+- ``multi_key``: four to eight bindings of one family, one of them asked for;
+- ``chain``: ``src`` bound to a value, later ``alias`` bound to ``src``, next to a second chain;
+  asked for ``alias``, the answer writes the hop, a new line, the question for ``src`` and its
+  value (``assert b == a`` / ``assert a == 4821``), as a model reasoning step by step would.
 
-Names (six random letters) and values (four digits) are drawn from the item's own seed and occur
-nowhere else in the item, so neither the code around them nor the model's knowledge of the
-standard library can give the answer away. The definition that holds the answer ends at least
-half the context before the question (1024 bytes at 2048). Prompt plus answer is exactly the
-context length, so items of one length stack into a batch. The benchmark asks at 1024 and 2048
+Keys (six random letters) occur nowhere else in the item, and values of four characters or more
+neither, so neither the text around them nor the model's knowledge can give the answer away. The
+binding that holds the answer ends at least half the context before the question (1024 bytes at
+2048). Prompt plus answer is exactly the context length. The benchmark asks at 1024 and 2048
 bytes; 256 and 512 exist for training, where a short distance makes the lookup easier to find.
 
-Items of the ``"train"`` split take their code from the training files; ``"held_out"`` items take
-it from the held-out files; ``"validation"`` items take it from the standard library's test
-folder, which the corpus leaves out: code the model never saw that no benchmark asks about, for
-choosing among trained scorers. The split's name is part of every item's seed, so the splits
-share neither text nor random draws whatever seeds the caller passes.
+Two splits name an item: ``split`` the text it is planted in, ``families`` its syntaxes and
+value alphabets (:data:`~.recall_syntax.FAMILY_SPLITS`). Text of the ``"train"`` split comes
+from the training files, ``"held_out"`` from the held-out files, ``"validation"`` from the
+standard library's test folder, which the corpus leaves out: code the model never saw that no
+benchmark asks about, for choosing among trained scorers. Both names are part of every item's
+seed, so the splits share neither text nor random draws whatever seeds the caller passes.
+:func:`assemble` plants items in any text, for training on one's own data.
 """
 
 from __future__ import annotations
 
 import functools
-import keyword
 import random
-import string
 from dataclasses import dataclass
 
 from kvpop_compile.embedded.corpus import read_bytes, split_files, validation_files
+from kvpop_compile.embedded.recall_syntax import (
+    FAMILY_SPLITS,
+    check_family_split,
+    draw_alphabet,
+    draw_family,
+    draw_keys,
+    draw_values,
+)
 
 SPLITS = ("train", "held_out", "validation")
-TASKS = ("lookup", "multi_key", "chain", "call")
+"""The text an item is planted in."""
+TASKS = ("lookup", "multi_key", "chain")
 CONTEXT_LENGTHS = (1024, 2048)
 """The lengths the benchmark asks at."""
 TRAINING_LENGTHS = (256, 512, 1024, 2048)
 """Every length an item can have: the shorter ones teach the lookup where the answer is near."""
 MULTI_KEYS = 8
-"""Definitions in a ``multi_key`` item, one of them asked for (4 at 256 bytes, where 8 would not
-fit in the first half of the context)."""
-NAME_LETTERS = 6
-VALUE_DIGITS = 4
+"""Bindings in a ``multi_key`` item, one of them asked for (``length // 128`` below 1024 bytes,
+where eight would not fit in the first half of the context)."""
+_DRAWS = 1000
+UNIQUE_VALUE = 4
+"""A value this long or longer occurs only where it is planted; a shorter one (``7``, ``abc``)
+may also occur in the text, which is no help: the question is about the key."""
 
 
 @dataclass(frozen=True)
@@ -59,21 +69,22 @@ class RecallItem:
     task: str
     context_length: int
     evidence: tuple[tuple[int, int], ...]
-    """Byte spans ``[start, end)`` of the prompt's planted lines the answer follows from, in
-    prompt order: the asked definition, or for ``chain`` the source and the alias line."""
+    """Byte spans ``[start, end)`` of the prompt's planted bindings the answer follows from, in
+    prompt order: the asked binding, or for ``chain`` the source and the alias binding."""
+    value_span: tuple[int, int]
+    """Byte span ``[start, end)`` of the asked value in the prompt, inside the first evidence
+    span: what a cache must hold for the value to be copied."""
+    family: str = "assignment"
+    """The syntax family's name (:data:`~.recall_syntax.FAMILIES`)."""
+    alphabet: str = "decimal"
+    """The value alphabet's name (:data:`~.recall_syntax.ALPHABETS`)."""
+    families: str = "train"
+    """The family split the family and alphabet were drawn from."""
 
     @property
-    def value_span(self) -> tuple[int, int]:
-        """Byte span ``[start, end)`` of the asked value's digits in the prompt (the answer ends
-        with them, and they occur once, in the first evidence line): what a cache must hold for
-        the value to be copied."""
-        value = self.answer[-VALUE_DIGITS:]
-        start = self.prompt.find(value)
-        if start < 0:
-            raise ValueError(
-                f"the prompt of this {self.task} item does not hold its answer's value {value!r}"
-            )
-        return start, start + VALUE_DIGITS
+    def question(self) -> bytes:
+        """The prompt's last line, with the newline before it."""
+        return self.prompt[self.prompt.rindex(b"\n") :]
 
 
 @functools.lru_cache(maxsize=len(SPLITS))
@@ -89,42 +100,78 @@ def split_text(split: str) -> bytes:
 
 
 def recall_items(
-    split: str, task: str, context_length: int, count: int, seed: int = 0, start: int = 0
+    split: str,
+    task: str,
+    context_length: int,
+    count: int,
+    seed: int = 0,
+    start: int = 0,
+    families: str = "train",
 ) -> list[RecallItem]:
-    """Items ``start .. start + count - 1`` of the stream named by (split, task, length, seed)."""
+    """Items ``start .. start + count - 1`` of the stream named by (split, families, task,
+    length, seed)."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    return [make_item(split, task, context_length, seed, start + i) for i in range(count)]
+    return [
+        make_item(split, task, context_length, seed, start + i, families) for i in range(count)
+    ]
 
 
-def make_item(split: str, task: str, context_length: int, seed: int, index: int) -> RecallItem:
+def make_item(
+    split: str, task: str, context_length: int, seed: int, index: int, families: str = "train"
+) -> RecallItem:
     """Item number ``index`` of one stream; the same arguments give the same bytes everywhere."""
     _check_split(split)
+    check_family_split(families)
+    # A string seed goes through SHA-512 in ``random``: stable across runs and platforms, and
+    # different for every split, so no seed can make a training item equal a held-out one.
+    rng = random.Random(f"{split}/{families}/{task}/{context_length}/{seed}/{index}")
+    return assemble(split_text(split), task, context_length, rng, families)
+
+
+def assemble(
+    text: bytes, task: str, context_length: int, rng: random.Random, families: str = "train"
+) -> RecallItem:
+    """One item of ``task`` planted in a window of ``text`` (any UTF-8 text of at least
+    ``4 * context_length`` bytes with line breaks), drawn with ``rng``."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if context_length not in TRAINING_LENGTHS:
         raise ValueError(f"context_length must be one of {TRAINING_LENGTHS}, got {context_length}")
-    # A string seed goes through SHA-512 in ``random``: stable across runs and platforms, and
-    # different for every split, so no seed can make a training item equal a held-out one.
-    rng = random.Random(f"{split}/{task}/{context_length}/{seed}/{index}")
-    text = split_text(split)
-    while True:  # almost always one pass; a redraw when the code happens to hold a name/value
-        item = _assemble(rng, text, task, context_length, _PLANS[task](rng, context_length))
+    if len(text) < 4 * context_length or text.count(b"\n") < 2:
+        raise ValueError(
+            f"text must hold at least {4 * context_length} bytes and line breaks to plant "
+            f"{context_length}-byte items in, got {len(text)} bytes"
+        )
+    # Almost always one pass; a redraw when the text happens to hold a key or value, or when
+    # the drawn family's bindings do not fit in half the context (long ones at 256 and 512).
+    for _ in range(_DRAWS):
+        plan = _PLANS[task](rng, context_length, families)
+        item = _plant(rng, text, task, context_length, plan)
         if item is not None:
             return item
+    raise ValueError(
+        f"no {task} item of {context_length} bytes fits in {_DRAWS} draws from the "
+        f"{families!r} families: their bindings need more than half the context"
+    )
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """What a task plants: (low, high, line) entries, the question, its answer, how many
-    times each name and value must occur in the prompt, and which planted entries (indices)
-    the answer follows from."""
+    """What a task plants: (low, high, binding) entries, the question, its answer, the words
+    that must occur only where planted (keys, long values), which planted entries (indices) the
+    answer follows from, the asked value and where it is: (entry index, byte offset in it)."""
 
     planted: list[tuple[float, float, str]]
     question: str
     answer: str
-    counts: dict[str, int]
+    unique: list[str]
     evidence: tuple[int, ...]
+    value: str
+    value_at: tuple[int, int]
+    family: str
+    alphabet: str
+    families: str
 
 
 def _check_split(split: str) -> None:
@@ -132,43 +179,29 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def _names(rng: random.Random, n: int, upper: bool) -> list[str]:
-    letters = string.ascii_uppercase if upper else string.ascii_lowercase
-    # A list in draw order, not a set: a set's order follows the per-process string hash, and
-    # an item must be the same in every process for its seed.
-    names: list[str] = []
-    while len(names) < n:
-        name = "".join(rng.choice(letters) for _ in range(NAME_LETTERS))
-        if not keyword.iskeyword(name) and name not in names:
-            names.append(name)
-    return names
-
-
-def _values(rng: random.Random, n: int) -> list[str]:
-    low = 10 ** (VALUE_DIGITS - 1)
-    return [str(v) for v in rng.sample(range(low, 10 * low), n)]
-
-
-def _assemble(
+def _plant(
     rng: random.Random, text: bytes, task: str, context_length: int, plan: _Plan
 ) -> RecallItem | None:
-    """Real code with ``planted`` lines and ``question`` at the end, or None to redraw.
+    """Real text with ``plan.planted`` bindings and ``plan.question`` at the end, or None to
+    redraw.
 
-    Each of ``plan.planted`` is (low, high, line): the line goes at the start of a code line drawn
-    uniformly in ``[low, high]`` of the code, fractions of how far the last planted line may sit
-    so that the rest of the code before the question is at least half the context. Entries
-    keep their list order. ``plan.counts`` gives how often each name or value must occur in the
-    prompt; an item where the code happens to contain one of them is rejected.
+    Each of ``plan.planted`` is (low, high, binding): it goes at the start of a text line drawn
+    uniformly in ``[low, high]`` of the reach, the share of the text where the last binding may
+    sit so that the rest of the text before the question is at least half the context. Entries
+    keep their list order. A word of ``plan.unique`` found anywhere but where it was planted
+    rejects the draw.
     """
     lines = [line.encode() for _, _, line in plan.planted]
     tail, answer = plan.question.encode(), plan.answer.encode()
     filler_len = context_length - len(tail) - len(answer) - sum(len(b) for b in lines)
-    offset = rng.randrange(len(text) - 2 * filler_len)
-    offset = text.index(b"\n", offset) + 1  # start on a line of its own
-    code = text[offset : offset + filler_len]
-    reach = filler_len - context_length // 2  # planted lines end >= half a context before the end
+    reach = filler_len - context_length // 2  # bindings end >= half a context before the end
     if reach < 0:
-        raise ValueError(f"{task} plants too much for a context of {context_length} bytes")
+        return None
+    offset = rng.randrange(len(text) - 2 * filler_len)
+    offset = text.find(b"\n", offset) + 1  # start on a line of its own
+    code = text[offset : offset + filler_len]
+    if len(code) < filler_len:
+        return None
     points = []
     for low, high, _ in plan.planted:
         p = int(reach * rng.uniform(low, high))
@@ -184,46 +217,89 @@ def _assemble(
         at = points[i]
     body.append(code[at:])
     prompt = b"".join(body) + tail
-    if any(prompt.count(word.encode()) != n for word, n in plan.counts.items()):
+    planted = b"".join(lines) + tail
+    if any(prompt.count(w.encode()) != planted.count(w.encode()) for w in plan.unique):
         return None
     evidence = tuple(sorted(spans[i] for i in plan.evidence))
-    return RecallItem(prompt, answer, task, context_length, evidence)
+    entry, at_byte = plan.value_at
+    value_start = spans[entry][0] + at_byte
+    value_span = (value_start, value_start + len(plan.value.encode()))
+    return RecallItem(
+        prompt,
+        answer,
+        task,
+        context_length,
+        evidence,
+        value_span,
+        plan.family,
+        plan.alphabet,
+        plan.families,
+    )
 
 
-def _lookup(rng: random.Random, length: int) -> _Plan:
-    (name,), (value,) = _names(rng, 1, upper=True), _values(rng, 1)
-    planted = [(0.0, 1.0, f"{name} = {value}\n")]
-    return _Plan(planted, f"\nassert {name} == ", value, {name: 2, value: 1}, (0,))
+def _binding_at(binding: str, key: str, value: str) -> int:
+    """Byte offset of ``value`` in ``binding``, after the key (a value never holds the key)."""
+    at = binding.index(value, binding.index(key) + len(key))
+    return len(binding[:at].encode())
 
 
-def _multi_key(rng: random.Random, length: int) -> _Plan:
-    keys = min(MULTI_KEYS, length // 64)
-    names, values = _names(rng, keys, upper=True), _values(rng, keys)
-    planted = [(0.0, 1.0, f"{n} = {v}\n") for n, v in zip(names, values, strict=True)]
+def _unique(keys: list[str], values: list[str]) -> list[str]:
+    return keys + [v for v in values if len(v) >= UNIQUE_VALUE]
+
+
+def _lookup(rng: random.Random, length: int, families: str) -> _Plan:
+    return _keyed(rng, 1, families, "lookup")
+
+
+def _multi_key(rng: random.Random, length: int, families: str) -> _Plan:
+    return _keyed(rng, min(MULTI_KEYS, length // 128), families, "multi_key")
+
+
+def _keyed(rng: random.Random, keys: int, families: str, task: str) -> _Plan:
+    family, alphabet = draw_family(rng, families), draw_alphabet(rng, families)
+    names = draw_keys(rng, keys, family.upper)
+    values = draw_values(rng, keys, alphabet)
+    bindings = [family.binding(k, v) for k, v in zip(names, values, strict=True)]
     asked = rng.randrange(keys)
-    counts = {n: 1 for n in names} | {v: 1 for v in values} | {names[asked]: 2}
-    return _Plan(planted, f"\nassert {names[asked]} == ", values[asked], counts, (asked,))
+    return _Plan(
+        planted=[(0.0, 1.0, b) for b in bindings],
+        question=family.question(names[asked]),
+        answer=values[asked],
+        unique=_unique(names, values),
+        evidence=(asked,),
+        value=values[asked],
+        value_at=(asked, _binding_at(bindings[asked], names[asked], values[asked])),
+        family=family.name,
+        alphabet=alphabet.name,
+        families=families,
+    )
 
 
-def _chain(rng: random.Random, length: int) -> _Plan:
-    src, alias, other, other_alias = _names(rng, 4, upper=False)
-    value, other_value = _values(rng, 2)
+def _chain(rng: random.Random, length: int, families: str) -> _Plan:
+    family, alphabet = draw_family(rng, families), draw_alphabet(rng, families)
+    src, alias, other, other_alias = draw_keys(rng, 4, family.upper)
+    value, other_value = draw_values(rng, 2, alphabet)
+    source = family.binding(src, value)
     # Sources in the first half of the reach, aliases after them; the asked chain and the
     # distractor are drawn the same way, so position does not tell them apart.
     planted = [
-        (0.0, 0.5, f"{src} = {value}\n"),
-        (0.0, 0.5, f"{other} = {other_value}\n"),
-        (0.5, 1.0, f"{alias} = {src}\n"),
-        (0.5, 1.0, f"{other_alias} = {other}\n"),
+        (0.0, 0.5, source),
+        (0.0, 0.5, family.binding(other, other_value)),
+        (0.5, 1.0, family.binding(alias, src)),
+        (0.5, 1.0, family.binding(other_alias, other)),
     ]
-    counts = {src: 2, alias: 2, other: 2, other_alias: 1, value: 1, other_value: 1}
-    return _Plan(planted, f"\nassert {alias} == ", f"{src} == {value}", counts, (0, 2))
+    return _Plan(
+        planted=planted,
+        question=family.question(alias),
+        answer=src + family.question(src) + value,
+        unique=_unique([src, alias, other, other_alias], [value, other_value]),
+        evidence=(0, 2),
+        value=value,
+        value_at=(0, _binding_at(source, src, value)),
+        family=family.name,
+        alphabet=alphabet.name,
+        families=families,
+    )
 
 
-def _call(rng: random.Random, length: int) -> _Plan:
-    (name,), (value,) = _names(rng, 1, upper=False), _values(rng, 1)
-    planted = [(0.0, 1.0, f"def {name}():\n    return {value}\n")]
-    return _Plan(planted, f"\nassert {name}() == ", value, {name: 2, value: 1}, (0,))
-
-
-_PLANS = {"lookup": _lookup, "multi_key": _multi_key, "chain": _chain, "call": _call}
+_PLANS = {"lookup": _lookup, "multi_key": _multi_key, "chain": _chain}

@@ -12,6 +12,7 @@ import transformers
 from kvpop_compile.atomic import replace_folder
 from kvpop_compile.embedded.corpus import HELD_OUT_MODULUS
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS
+from kvpop_compile.embedded.recall_syntax import ALPHABETS, FAMILIES
 
 from .data_mix import COPY_LEN, LONG_LEN, LOOP_UNIT, SHORT_LEN, STRETCH_ITEM_LEN
 from .evaluation import BUCKET, EVAL_LEN, RECALL_DECODE_ITEMS, RECALL_EVAL_ITEMS
@@ -149,17 +150,24 @@ and idioms seen earlier in the file): the part a bounded cache can lose.
 {recall}"""
 
 
+REPORTED_GROUPS = ("train", "held_out")
+GROUP_NAMES = {"train": "trained families", "held_out": "held-out families"}
+
 VALUE_ONLY_CHAIN_RUNS = (3, 4)
 """Runs (1-based) trained while ``chain`` items were answered by the value alone."""
 
 
 def recall_section(recall: dict, runs: list[dict], decode: dict | None = None) -> str:
-    """The card's account of the recall items trained on and the held-out exact match
-    (``decode``: asked the decode protocol's way, where the report has it)."""
+    """The card's account of the recall items trained on and the held-out exact match, trained
+    and held-out families apart (``decode``: asked the decode protocol's way, where the report
+    has it)."""
     trained = [r for r in runs if r.get("recall_items")]
     lengths = [str(n) for n in CONTEXT_LENGTHS]
     table = "\n".join(
-        f"| `{task}` | " + " | ".join(f"{recall[task][n]:.3f}" for n in lengths) + " |"
+        f"| {GROUP_NAMES[group]} | `{task}` | "
+        + " | ".join(f"{recall[f'{group}/{task}'][n]:.3f}" for n in lengths)
+        + " |"
+        for group in REPORTED_GROUPS
         for task in TASKS
     )
     if trained:
@@ -217,39 +225,63 @@ without this; on copy rows alone copying appears after about 250 steps."""
         how = "No recall items were trained on; the figures below measure the model as it is."
     return f"""## Long-range recall
 
-`kvpop_compile.embedded.recall` plants lines in real standard-library code and asks for them at
-the end: `lookup` (`QZWKRT = 4821` early, the prompt ends `assert QZWKRT == `), `multi_key`
-(eight such definitions, one asked for), `chain` (`a = 4821` … `b = a` … the prompt ends
-`assert b == `, the answer `a == 4821`: both hops written out, next to a second chain with
-another value), `call` (`def f():` / `return 4821` early, the prompt ends `assert f() == `).
-Names are six random letters and values four random digits, drawn from the item's seed and found
-nowhere else in the item; the lines the answer follows from end at least half the context before
-the question.
+`kvpop_compile.embedded.recall` plants bindings in real standard-library code and asks for them
+at the end: `lookup` (one binding early, the prompt ends with its family's question), `multi_key`
+(up to eight bindings of one family, one asked for), `chain` (`a` bound to a value, later `b`
+bound to `a`, next to a second chain; the answer writes the hop, the question for `a` and its
+value). Keys are six random letters found nowhere else in the item; the bindings the answer
+follows from end at least half the context before the question.
+
+Each item is written in one syntax family and one value alphabet
+(`kvpop_compile.embedded.recall_syntax`), split whole:
+
+{family_table()}
+
+A held-out group draws its values from its own alphabet and the training ones at even odds.
 
 {how}
 
-Exact match of the greedy answer with full attention, {RECALL_EVAL_ITEMS} held-out items per task
-and context length (bytes):
+Exact match of the greedy answer with full attention on held-out files, {RECALL_EVAL_ITEMS} items
+per family group, task and context length (bytes):
 
-| task | {" | ".join(lengths)} |
-|---|{"---|" * len(lengths)}
+| families | task | {" | ".join(lengths)} |
+|---|---|{"---|" * len(lengths)}
 {table}
 {decode_section(decode)}"""
+
+
+def family_table() -> str:
+    """The family split as a markdown table: each split's syntaxes (binding → question, with
+    the key ``key`` and the value ``value``) and alphabets."""
+    rows = ["| split | families (binding → question) | value alphabets |", "|---|---|---|"]
+    for split, families in FAMILIES.items():
+        shown = "; ".join(
+            f"{f.name}: `{f.binding('key', 'value').rstrip()}` → `{f.ask.format(key='key')}`"
+            for f in families
+        )
+        shown = shown.replace("\n", "\\n").replace("|", "\\|")
+        alphabets = ", ".join(a.name for a in ALPHABETS[split])
+        rows.append(f"| {split} | {shown} | {alphabets} |")
+    return "\n".join(rows)
 
 
 def decode_section(decode: dict | None) -> str:
     """The card's decode-protocol table, or nothing for a report without one."""
     if decode is None:
         return ""
-    length = next(iter(decode[TASKS[0]]))
-    rows = "\n".join(f"| `{task}` | {decode[task][length]:.3f} |" for task in TASKS)
+    length = next(iter(next(iter(decode.values()))))
+    rows = "\n".join(
+        f"| {GROUP_NAMES[group]} | `{task}` | {decode[f'{group}/{task}'][length]:.3f} |"
+        for group in REPORTED_GROUPS
+        for task in TASKS
+    )
     return f"""
 Asked as the benchmark's decode protocol asks: the context up to the question, then as many
 tokens as the context has generated greedily by the model itself, then the question;
-{RECALL_DECODE_ITEMS} held-out items per task at {length} bytes, full attention:
+{RECALL_DECODE_ITEMS} held-out items per family group and task at {length} bytes, full attention:
 
-| task | {length} |
-|---|---|
+| families | task | {length} |
+|---|---|---|
 {rows}
 """
 

@@ -77,10 +77,14 @@ def evaluate(model: Qwen3ForCausalLM, seqs: torch.Tensor, batch: int = 4) -> dic
     return report
 
 
-def held_out_recall(items_per_cell: int, lengths=CONTEXT_LENGTHS) -> dict:
-    """Held-out recall items (split ``held_out``, seed 0) by (task, context length)."""
+def held_out_recall(
+    items_per_cell: int, lengths=CONTEXT_LENGTHS, families=("train", "held_out"), split="held_out"
+) -> dict:
+    """Recall items (text ``split``, seed 0) by (``families/task``, context length): trained
+    and held-out families on held-out text, for the report; the monitor asks validation text."""
     return {
-        (task, length): recall_items("held_out", task, length, items_per_cell)
+        (f"{group}/{task}", length): recall_items(split, task, length, items_per_cell, 0, 0, group)
+        for group in families
         for task in TASKS
         for length in lengths
     }
@@ -88,7 +92,8 @@ def held_out_recall(items_per_cell: int, lengths=CONTEXT_LENGTHS) -> dict:
 
 @torch.no_grad()
 def evaluate_recall(model: Qwen3ForCausalLM, cells: dict, batch: int = 8) -> dict:
-    """Full-attention exact match per task and length: ``{task: {str(length): accuracy}}``.
+    """Full-attention exact match per cell and length: ``{label: {str(length): accuracy}}``
+    for the ``(label, length)`` keys of ``cells``.
 
     Teacher forcing stands for greedy decoding here: greedy decoding produces the answer iff at
     every answer byte the argmax, given the prompt and the correct answer bytes before it, is
@@ -114,15 +119,18 @@ def evaluate_recall(model: Qwen3ForCausalLM, cells: dict, batch: int = 8) -> dic
 def evaluate_decode_recall(model: Qwen3ForCausalLM, items_per_task: int) -> dict:
     """Full-attention exact match asked as the benchmark's decode protocol asks (the model's
     own greedy stretch between context and question, :mod:`kvpop_compile.evaluation.recall`):
-    ``{task: {"1024": accuracy}}`` over held-out items. Decoding, not teacher forcing: the
+    ``{"families/task": {"1024": accuracy}}`` over held-out text, trained and held-out families. Decoding, not teacher forcing: the
     stretch is whatever the model writes."""
     model.eval()
     stretch = decode_stretch(RECALL_DECODE_LENGTH, model.config.max_position_embeddings)
     report: dict = {}
-    for task in TASKS:
-        items = recall_items("held_out", task, RECALL_DECODE_LENGTH, items_per_task)
-        exact = answer_exactly(model, items, "decode", stretch)
-        report[task] = {str(RECALL_DECODE_LENGTH): sum(exact) / len(exact)}
+    for group in ("train", "held_out"):
+        for task in TASKS:
+            items = recall_items(
+                "held_out", task, RECALL_DECODE_LENGTH, items_per_task, 0, 0, group
+            )
+            exact = answer_exactly(model, items, "decode", stretch)
+            report[f"{group}/{task}"] = {str(RECALL_DECODE_LENGTH): sum(exact) / len(exact)}
     return report
 
 

@@ -84,10 +84,11 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
     while True:
         elapsed = spent + time.perf_counter() - start
         step = done.steps()
-        if (
-            args.checkpoint_every
-            and time.perf_counter() - last_checkpoint >= 60 * args.checkpoint_every
-        ):
+        progress = step / args.steps if args.steps is not None else elapsed / budget
+        # The end of training is checkpointed too: a run cut off while it evaluates and saves
+        # then resumes straight into the evaluation.
+        due = time.perf_counter() - last_checkpoint >= 60 * args.checkpoint_every
+        if args.checkpoint_every and (due or progress >= 1.0):
             done.seconds = elapsed
             checkpoint(
                 {
@@ -99,7 +100,6 @@ def train(model, stream, args, log, resume: dict | None = None, checkpoint=None)
             )
             model.train()
             last_checkpoint = time.perf_counter()
-        progress = step / args.steps if args.steps is not None else elapsed / budget
         if progress >= 1.0:
             break
         copying = step < args.copy_steps
