@@ -5,7 +5,8 @@ Three tasks, each written in one of many syntax families (:mod:`.recall_syntax`)
 
 - ``lookup``: one binding early (``QZWKRT = 4821``, ``<qzwkrt>4821</qzwkrt>``, …); the prompt
   ends with the family's question (``assert QZWKRT == ``, ``<qzwkrt>``) → the value;
-- ``multi_key``: four to eight bindings of one family, one of them asked for;
+- ``multi_key``: two to eight bindings of one family (``length // 128``, at most eight), one
+  of them asked for;
 - ``chain``: ``src`` bound to a value, later ``alias`` bound to ``src``, next to a second chain;
   asked for ``alias``, the answer writes the hop, a new line, the question for ``src`` and its
   value (``assert b == a`` / ``assert a == 4821``), as a model reasoning step by step would.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from kvpop_compile.embedded.corpus import read_bytes, split_files, validation_files
 from kvpop_compile.embedded.recall_syntax import (
-    FAMILY_SPLITS,
+    Family,
     check_family_split,
     draw_alphabet,
     draw_family,
@@ -112,9 +113,7 @@ def recall_items(
     length, seed)."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    return [
-        make_item(split, task, context_length, seed, start + i, families) for i in range(count)
-    ]
+    return [make_item(split, task, context_length, seed, start + i, families) for i in range(count)]
 
 
 def make_item(
@@ -138,10 +137,12 @@ def assemble(
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if context_length not in TRAINING_LENGTHS:
         raise ValueError(f"context_length must be one of {TRAINING_LENGTHS}, got {context_length}")
-    if len(text) < 4 * context_length or text.count(b"\n") < 2:
+    breaks = text.count(b"\n")
+    if len(text) < 4 * context_length or breaks < 2:
         raise ValueError(
             f"text must hold at least {4 * context_length} bytes and line breaks to plant "
-            f"{context_length}-byte items in, got {len(text)} bytes"
+            f"{context_length}-byte items in, got {len(text)} bytes with "
+            f"{breaks} line breaks"
         )
     # Almost always one pass; a redraw when the text happens to hold a key or value, or when
     # the drawn family's bindings do not fit in half the context (long ones at 256 and 512).
@@ -237,10 +238,11 @@ def _plant(
     )
 
 
-def _binding_at(binding: str, key: str, value: str) -> int:
-    """Byte offset of ``value`` in ``binding``, after the key (a value never holds the key)."""
-    at = binding.index(value, binding.index(key) + len(key))
-    return len(binding[:at].encode())
+def _binding_at(family: Family, key: str) -> int:
+    """Byte offset of the value in ``family``'s binding of ``key``: the length of what the
+    template writes before it (searching for the value's text could find it inside the
+    template's own words, ``lts`` in ``defaults``)."""
+    return len(family.bind.split("{value}")[0].format(key=key).encode())
 
 
 def _unique(keys: list[str], values: list[str]) -> list[str]:
@@ -268,7 +270,7 @@ def _keyed(rng: random.Random, keys: int, families: str, task: str) -> _Plan:
         unique=_unique(names, values),
         evidence=(asked,),
         value=values[asked],
-        value_at=(asked, _binding_at(bindings[asked], names[asked], values[asked])),
+        value_at=(asked, _binding_at(family, names[asked])),
         family=family.name,
         alphabet=alphabet.name,
         families=families,
@@ -295,7 +297,7 @@ def _chain(rng: random.Random, length: int, families: str) -> _Plan:
         unique=_unique([src, alias, other, other_alias], [value, other_value]),
         evidence=(0, 2),
         value=value,
-        value_at=(0, _binding_at(source, src, value)),
+        value_at=(0, _binding_at(family, src)),
         family=family.name,
         alphabet=alphabet.name,
         families=families,

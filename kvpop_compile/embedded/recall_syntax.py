@@ -76,7 +76,9 @@ FAMILIES: dict[str, tuple[Family, ...]] = {
         Family("attribute", "        self.{key} = {value}", "assert self.{key} == "),
         Family("comment", "# {key}: {value}", "# {key}: "),
         Family("environment", "export {key}={value}", 'assert os.environ["{key}"] == ', True),
-        Family("docstring", "    :param {key}: defaults to {value}", 'assert defaults["{key}"] == '),
+        Family(
+            "docstring", "    :param {key}: defaults to {value}", 'assert defaults["{key}"] == '
+        ),
         Family("markup", "<{key}>{value}</{key}>", "<{key}>"),
         Family("pairs", '    ("{key}", {value}),', 'assert dict(pairs)["{key}"] == '),
         Family("config", "{key}={value}", 'assert parser.get("{key}") == '),
@@ -95,9 +97,7 @@ FAMILIES: dict[str, tuple[Family, ...]] = {
     ),
     "held_out": (
         Family("html", '<input name="{key}" value="{value}">', '<input name="{key}" value="'),
-        Family(
-            "setdefault", 'options.setdefault("{key}", {value})', 'assert options["{key}"] == '
-        ),
+        Family("setdefault", 'options.setdefault("{key}", {value})', 'assert options["{key}"] == '),
         Family("arrow", "{key} => {value}", 'assert table.get("{key}") == '),
         Family("prose", "# the {key} is {value}", "# the {key} is "),
         Family("makefile", "{key} := {value}", "assert make_var('{key}') == ", upper=True),

@@ -103,9 +103,7 @@ class KVpopQwen3ForCausalLM(_BoundedModel, Qwen3ForCausalLM, HasInnerState, IsAt
         self._bound_attention(vllm_config)
 
 
-class KVpopQwen3MoeForCausalLM(
-    _BoundedModel, Qwen3MoeForCausalLM, HasInnerState, IsAttentionFree
-):
+class KVpopQwen3MoeForCausalLM(_BoundedModel, Qwen3MoeForCausalLM, HasInnerState, IsAttentionFree):
     """Qwen3-MoE with a bounded KV cache per request (``hf_config.kvpop``)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
