@@ -6,20 +6,36 @@ chunked prefill and mixed prefill/decode batches. Float32 on the CPU; exact toke
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
+import subprocess
+import time
+import urllib.request
 
 import pytest
+import torch
 from vllm_support import (
+    NEW_TOKENS,
+    POOL_GIB,
     SMALL,
+    engine,
     kvpop_greedy,
     prompts,
     serve_settings,
     served,
+    shutdown,
     transformers_greedy,
+    vllm,
 )
 
-from kvpop_compile.embedded import EMBEDDED_MODEL
+from kvpop_compile.embedded import EMBEDDED_MODEL, load_embedded_model
+from kvpop_compile.runtime.scorers.registry import build_scorer
+from kvpop_compile.vllm import engine_kwargs
+from kvpop_compile.vllm.pages import page_bytes, page_layout
+from kvpop_compile.vllm.serve import server_command
 
 SCORERS_DIR = EMBEDDED_MODEL.parent / "scorers"
+SERVER_START_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +82,100 @@ def test_chunked_prefill_and_mixed_batches_equal_kc_generate(token_prompts, batc
         max_num_batched_tokens=batched_tokens, max_num_seqs=3,
     )  # fmt: skip
     assert got == kvpop_greedy(token_prompts, config)
+
+
+def test_a_pool_smaller_than_the_batch_queues_requests_and_keeps_their_tokens(token_prompts):
+    # Two pages per layer for six requests: vLLM admits two at a time, the rest wait for a
+    # page, and each request still gets the tokens it gets alone.
+    config = dataclasses.replace(SMALL, scorer="knorm")
+    got = served(token_prompts, serve_settings(config=config), num_gpu_blocks_override=2)
+    assert got == kvpop_greedy(token_prompts, config)
+
+
+def test_vllm_admits_pool_over_layers_times_page_bytes_requests_whatever_their_length():
+    config = dataclasses.replace(SMALL, topk=512 - SMALL.sinks - SMALL.window)
+    llm = engine(serve_settings(config=config))
+    try:
+        blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+    finally:
+        shutdown(llm)
+    model = load_embedded_model().config
+    scorer = build_scorer(config, model.num_key_value_heads, model.head_dim)
+    page = page_bytes(page_layout(config, scorer, model.head_dim, torch.float32))
+    assert blocks == (POOL_GIB << 30) // (model.num_hidden_layers * page)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"enable_prefix_caching": True}, "prefix caching cannot be used with a bounded cache"),
+        (
+            {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2,
+                                    "prompt_lookup_max": 3}},
+            "speculative decoding cannot be used with a bounded cache",
+        ),
+    ],
+)  # fmt: skip
+def test_settings_that_would_give_wrong_tokens_are_refused(option, message):
+    with pytest.raises(ValueError, match=message):
+        engine(serve_settings(config=SMALL), **option)
+
+
+def test_a_checkpoint_that_is_not_qwen3_is_refused(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="serves Qwen3ForCausalLM, Qwen3MoeForCausalLM"):
+        engine_kwargs("LlamaForCausalLM", serve_settings(config=SMALL))
+    # Named as a KVpop architecture through hf_overrides by hand, it is refused at start.
+    kwargs = engine_kwargs("Qwen3ForCausalLM", serve_settings(config=SMALL))
+    with pytest.raises(ValueError, match="serves 'qwen3' checkpoints; this one is 'llama'"):
+        vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, enforce_eager=True,
+                 dtype="float32", **kwargs)  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def test_one_request_through_the_http_server_equals_kc_generate(token_prompts):
+    settings = serve_settings(SCORERS_DIR / "memory-256")
+    port = _free_port()
+    argv = server_command(EMBEDDED_MODEL, settings, port=port, extra=[
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+    ])  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(server.stderr.read().decode()[-3000:]) from None
+                time.sleep(2)
+        prompt = token_prompts[4]
+        answer = _post(f"http://127.0.0.1:{port}/v1/completions", {
+            "model": str(EMBEDDED_MODEL), "prompt": bytes(prompt).decode(),
+            "max_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True,
+        })  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    want = kvpop_greedy([prompt], settings.config, SCORERS_DIR / "memory-256")[0]
+    assert answer["choices"][0]["text"].encode() == bytes(want)

@@ -97,6 +97,6 @@ def kvpop_greedy(token_prompts, config: KVpopConfig, scorer_path=None) -> list[l
 
 
 __all__ = [
-    "SMALL", "engine", "greedy", "kvpop_greedy", "prompts", "served", "serve_settings",
-    "shutdown", "transformers_greedy",
+    "NEW_TOKENS", "POOL_GIB", "SMALL", "engine", "greedy", "kvpop_greedy", "prompts", "served",
+    "serve_settings", "shutdown", "transformers_greedy", "vllm",
 ]  # fmt: skip
