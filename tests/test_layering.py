@@ -34,7 +34,7 @@ FLOORS = [
     ]),
     ("applications", [
         f"{ROOT}.engines.*", f"{ROOT}.training.*", f"{ROOT}.evaluation.*", f"{ROOT}.embedded.*",
-        f"{ROOT}.cli.*", f"{ROOT}.__main__",
+        f"{ROOT}.cli.*", f"{ROOT}.vllm.*", f"{ROOT}.__main__",
     ]),
     ("front", [ROOT]),
 ]  # fmt: skip

@@ -75,3 +75,51 @@ def serve(model, settings: ServeSettings, **options) -> int:
     print(" ".join(argv), file=sys.stderr, flush=True)
     os.execv(argv[0], argv)
     return 0  # not reached: execv does not return
+
+
+HEURISTICS = ("window", "knorm", "random", "h2o", "tova")
+"""Policies served without a trained scorer."""
+DEFAULT_CAPACITY = 512
+DEFAULT_WINDOW = 256
+
+
+def add_arguments(parser) -> None:
+    """``kvpop-compile serve``'s options on an argparse parser."""
+    parser.add_argument("model", help="local Hugging Face Qwen3 or Qwen3-MoE checkpoint folder")
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument("--scorer", help="trained scorer folder (save_scorer / train)")
+    policy.add_argument(
+        "--policy", choices=HEURISTICS,
+        help="a heuristic policy instead of a trained scorer (default: window)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--capacity", type=int,
+        help=f"cache slots per layer and KV head (default: the scorer's, or {DEFAULT_CAPACITY})",
+    )  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (8000)")
+    parser.add_argument(
+        "vllm_options", nargs="*", metavar="-- VLLM_OPTION",
+        help="options after -- go to vLLM's server unchanged",
+    )  # fmt: skip
+
+
+def settings_from_arguments(args) -> ServeSettings:
+    """The served settings ``serve``'s arguments name (see :func:`add_arguments`)."""
+    from ..config import KVpopConfig
+    from .settings import serve_settings
+
+    if args.capacity is not None and args.capacity < 1:
+        raise ValueError(f"--capacity must be >= 1, got {args.capacity}")
+    if args.scorer is not None:
+        return serve_settings(args.scorer, capacity=args.capacity)
+    capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
+    window = min(DEFAULT_WINDOW, capacity // 2)
+    config = KVpopConfig(sinks=4, window=max(window, 1), topk=0, scorer=args.policy or "window")
+    return serve_settings(config=config, capacity=capacity)
+
+
+def serve_command(args) -> int:
+    """Run ``kvpop-compile serve``: this process becomes vLLM's server."""
+    settings = settings_from_arguments(args)
+    return serve(args.model, settings, host=args.host, port=args.port, extra=args.vllm_options)
