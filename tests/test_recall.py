@@ -1,9 +1,9 @@
 """Long-range recall items: deterministic, split-separated, exact lengths, answers only far back.
 
 Every item is read back independently of the generator: its family's ``bind`` and ``ask``
-templates become regular expressions, the question gives the asked key, the planted bindings
-give the keys and values, and what is left of the prompt must be one stretch of the text the
-item was planted in.
+templates (``item.templates``: a generated family has no name to look them up by) become
+regular expressions, the question gives the asked key, the planted bindings give the keys and
+values, and what is left of the prompt must be one stretch of the text the item was planted in.
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ from kvpop_compile.embedded.recall import (
     split_text,
 )
 from kvpop_compile.embedded.recall_syntax import (
+    _ACCESSORS,
+    _ASK_LEADS,
+    _ASK_SEPARATORS,
     ALPHABETS,
     FAMILIES,
     FAMILY_SPLITS,
+    GENERATED_SHARE,
     NAME_LETTERS,
     Alphabet,
     Family,
@@ -48,6 +52,8 @@ COUNT = 4  # items per (split, families, task, length) in the property checks; e
 FAMILY = {f.name: f for split in FAMILY_SPLITS for f in FAMILIES[split]}
 ALPHABET = {a.name: a for split in FAMILY_SPLITS for a in ALPHABETS[split]}
 KEYS_PER_MULTI_KEY = {256: 2, 512: 4, 1024: 8, 2048: 8}  # min(MULTI_KEYS, length // 128)
+GENERATED = "generated"  # the name of every generated training family
+NAMED_ELSEWHERE = [f for split in ("validation", "held_out") for f in FAMILIES[split]]
 
 
 # --- Reading an item back -------------------------------------------------------------------
@@ -69,7 +75,11 @@ def _regex(template: str, key: str, value: str) -> str:
 
 
 def _key_pattern(family: Family) -> str:
-    letters = "A-Z" if family.upper else "a-z"
+    return _letters_pattern(family.upper)
+
+
+def _letters_pattern(upper: bool) -> str:
+    letters = "A-Z" if upper else "a-z"
     return f"[{letters}]{{{NAME_LETTERS}}}"
 
 
@@ -120,11 +130,23 @@ def _cut(body: bytes, bindings: tuple[Binding, ...]) -> bytes:
     return b"".join(parts) + body[at:]
 
 
+def item_family(it: RecallItem) -> Family:
+    """The family ``it`` was written in, from its own templates: a named family's must be that
+    family's; a generated family writes all keys of an item in one case, the question's."""
+    if it.family != GENERATED:
+        family = FAMILY[it.family]
+        assert it.templates == (family.bind, family.ask), (it.family, it.templates)
+        return family
+    bind, ask = it.templates
+    upper = re.fullmatch(("\n" + _regex(ask, _letters_pattern(True), "")).encode(), it.question)
+    return Family(GENERATED, bind, ask, upper=upper is not None)
+
+
 def read_item(it: RecallItem, text: bytes) -> Reading:
     """``it`` parsed with its family's templates. Lines of ``text`` itself can match a binding
     template (``        self.lineno = 1``); the planted ones are those whose removal leaves one
     stretch of ``text``, as the generator cuts it."""
-    family, alphabet = FAMILY[it.family], ALPHABET[it.alphabet]
+    family, alphabet = item_family(it), ALPHABET[it.alphabet]
     key = _key_pattern(family)
     asked = re.fullmatch(("\n" + _regex(family.ask, key, "")).encode(), it.question)
     assert asked, (family.name, it.question)
@@ -290,17 +312,27 @@ def test_evidence_and_value_span_are_the_asked_binding_far_back(items):
         _check_evidence(it, r)
 
 
-def test_value_span_is_the_value_not_an_earlier_copy_in_the_template():
-    # The draw of training item 269882 (lookup, 1024 bytes, seed 0): ``tvwmoq`` bound to ``lts``
-    # in the docstring family, ``    :param tvwmoq: defaults to lts``, where the value also
-    # occurs inside ``defaults``, after the key and before the value. The draw comes before the
-    # text is read, so any text gives this binding.
+@pytest.mark.parametrize(
+    ("index", "family", "binding", "value"),
+    [
+        # ``vbljlk`` bound to ``ara`` in the docstring family: the value also occurs inside
+        # ``:param``, before the key.
+        (205670, "docstring", b"    :param vbljlk: defaults to ara\n", b"ara"),
+        # A generated family whose lead word is the value, ``var``, and whose value is in
+        # braces (doubled in the template).
+        (45030, GENERATED, b"\tvar <ahtmtk>:{var} }\n", b"var"),
+    ],
+)
+def test_value_span_is_the_value_not_an_earlier_copy_in_the_template(index, family, binding, value):
+    # The draw of training item ``index`` (lookup, 1024 bytes, seed 0). The draw comes before
+    # the text is read, so any text gives this binding. The value is its last occurrence.
     text = _prose(8 * 1024)
-    it = assemble(text, "lookup", 1024, random.Random("train/train/lookup/1024/0/269882"))
-    assert (it.family, it.answer) == ("docstring", b"lts")
+    it = assemble(text, "lookup", 1024, random.Random(f"train/train/lookup/1024/0/{index}"))
+    assert (it.family, it.answer) == (family, value)
     start, end = it.evidence[0]
-    assert it.prompt[start:end] == b"    :param tvwmoq: defaults to lts\n"
-    assert it.value_span == (end - 4, end - 1) == read_item(it, text).bindings[0].value_span
+    assert it.prompt[start:end] == binding
+    span = (start + binding.rindex(value), start + binding.rindex(value) + len(value))
+    assert it.value_span == span == read_item(it, text).bindings[0].value_span
 
 
 def _check_unique(it: RecallItem, r: Reading) -> None:
@@ -353,11 +385,22 @@ def test_chain_needs_both_hops(items):
 # --- Family and text splits -----------------------------------------------------------------
 
 
+def _check_family(it: RecallItem, r: Reading, families: str) -> None:
+    """The item's family is one of split ``families``, or for ``train`` a generated one that is
+    no validation or held-out family and writes none of their bindings."""
+    if it.family == GENERATED:
+        assert families == "train", (families, it.templates)
+        assert r.family.bind not in {f.bind for f in NAMED_ELSEWHERE}, it.templates
+    else:
+        assert r.family in FAMILIES[families]
+    assert it.templates == (r.family.bind, r.family.ask)
+
+
 def test_families_come_from_their_split(items):
     for (_, families, _, _), batch in items.items():
         for it, r in batch:
             assert it.families == families
-            assert r.family in FAMILIES[families]
+            _check_family(it, r, families)
             allowed = ALPHABETS[families] + (() if families == "train" else ALPHABETS["train"])
             assert r.alphabet in allowed
 
@@ -370,8 +413,10 @@ def many_lookups():
 
 def test_family_splits_use_their_families_and_alphabets(many_lookups):
     for families, batch in many_lookups.items():
-        # Every family of the split fits a short lookup, and 200 items draw each of them.
-        assert {it.family for it in batch} == {f.name for f in FAMILIES[families]}
+        # Every family of the split fits a short lookup, and 200 items draw each of them; only
+        # training items are in generated families too.
+        generated = {GENERATED} if families == "train" else set()
+        assert {it.family for it in batch} == {f.name for f in FAMILIES[families]} | generated
         seen = [ALPHABET[it.alphabet] for it in batch]
         for it, alphabet in zip(batch, seen, strict=True):
             assert re.fullmatch(_value_pattern(alphabet).encode(), it.answer), it
@@ -385,6 +430,52 @@ def test_family_splits_use_their_families_and_alphabets(many_lookups):
             assert all(a in ALPHABETS[families] + ALPHABETS["train"] for a in seen)
             assert 70 <= own <= 130, own
             assert set(seen) == set(ALPHABETS[families] + ALPHABETS["train"])
+
+
+def test_about_half_of_training_items_are_in_generated_families(many_lookups, items):
+    train = many_lookups["train"]
+    generated = sum(it.family == GENERATED for it in train)
+    # A binomial count: within four and a half standard deviations of its mean (100 +- 32 of
+    # 200 at GENERATED_SHARE = 0.5), far from all or none.
+    mean = len(train) * GENERATED_SHARE
+    assert abs(generated - mean) <= 4.5 * (mean * (1 - GENERATED_SHARE)) ** 0.5, generated
+    for families in ("validation", "held_out"):
+        drawn = many_lookups[families] + [
+            it for k, b in items.items() if k[1] == families for it, _ in b
+        ]
+        assert GENERATED not in {it.family for it in drawn}, families
+
+
+def test_a_named_family_items_templates_are_its_familys(many_lookups, items):
+    named = [it for b in many_lookups.values() for it in b if it.family != GENERATED]
+    named += [it for it, _ in _all(items) if it.family != GENERATED]
+    assert {it.family for it in named} == set(FAMILY)
+    for it in named:
+        assert it.templates == (FAMILY[it.family].bind, FAMILY[it.family].ask), it.family
+
+
+_ACCESSOR_ASK = re.compile(
+    "|".join(
+        re.escape(lead + accessor + separator)
+        for lead, accessor, separator in itertools.product(_ASK_LEADS, _ACCESSORS, _ASK_SEPARATORS)
+    )
+)
+
+
+def test_a_generated_question_repeats_the_asked_binding_or_names_an_accessor(items):
+    # A repeat is the asked binding's bytes up to its value, without the indent; any other
+    # question is an accessor expression of the documented pieces.
+    generated = [(it, r) for it, r in _all(items) if it.family == GENERATED]
+    repeats = braces = 0
+    for it, r in generated:
+        asked = r.bound(r.asked)
+        if it.question[1:] == it.prompt[asked.span[0] : asked.value_span[0]].lstrip():
+            repeats += 1
+        else:
+            assert _ACCESSOR_ASK.fullmatch(r.family.ask), r.family.ask
+        braces += "{{" in r.family.bind or "}}" in r.family.bind
+    # A third of about 48 generated families ask by repeat, and about a quarter have braces.
+    assert len(generated) >= 24 and repeats >= 4 and braces >= 4, (len(generated), repeats)
 
 
 def test_code_comes_from_its_own_text_split_only(items):
@@ -478,7 +569,8 @@ def test_assemble_plants_items_in_any_text():
             assert (it.task, it.context_length, it.families) == (task, n, families)
             assert len(it.prompt) + len(it.answer) == n
             r = read_item(it, text)
-            assert r.code in text and r.family in FAMILIES[families]
+            assert r.code in text
+            _check_family(it, r, families)
             _check_question(it, r)
             _check_answer(it, r)
             _check_evidence(it, r)

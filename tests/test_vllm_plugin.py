@@ -28,6 +28,7 @@ from vllm_support import (
     vllm,
 )
 
+import kvpop_compile as kc
 from kvpop_compile.embedded import EMBEDDED_MODEL, load_embedded_model
 from kvpop_compile.runtime.scorers.registry import build_scorer
 from kvpop_compile.vllm import engine_kwargs
@@ -179,3 +180,26 @@ def test_one_request_through_the_http_server_equals_kc_generate(token_prompts):
         server.wait(timeout=60)
     want = kvpop_greedy([prompt], settings.config, SCORERS_DIR / "memory-256")[0]
     assert answer["choices"][0]["text"].encode() == bytes(want)
+
+
+def test_qwen3_moe_with_eviction_equals_kc_generate(token_prompts, tmp_path):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    model = Qwen3MoeForCausalLM(config).eval()
+    model.save_pretrained(tmp_path)
+    budget = dataclasses.replace(SMALL, scorer="memory")
+    got = served(token_prompts, serve_settings(config=budget), model=str(tmp_path),
+                 architecture="Qwen3MoeForCausalLM")  # fmt: skip
+    bounded = kc.transform(model, budget)
+    want = [
+        kc.generate(bounded, torch.tensor([p]), NEW_TOKENS, eos_token_id=None)[0, len(p) :].tolist()
+        for p in token_prompts
+    ]
+    assert got == want

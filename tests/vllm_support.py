@@ -40,15 +40,16 @@ def prompts() -> list[list[int]]:
     return [list(texts[i][:n]) for i, n in enumerate(PROMPT_LENGTHS)]
 
 
-def engine(settings=None, **options):
-    """A ``vllm.LLM`` on the embedded model in float32, eager, taking token ids; with
-    ``settings`` (:class:`~kvpop_compile.vllm.ServeSettings`) the KVpop plugin serves it."""
+def engine(settings=None, architecture="Qwen3ForCausalLM", **options):
+    """A ``vllm.LLM`` on the embedded model (or ``model=``, a checkpoint of ``architecture``)
+    in float32, eager, taking token ids; with ``settings``
+    (:class:`~kvpop_compile.vllm.ServeSettings`) the KVpop plugin serves it."""
     kwargs = {
         "model": str(EMBEDDED_MODEL), "dtype": "float32", "enforce_eager": True,
         "skip_tokenizer_init": True, "max_model_len": 2048, "seed": 0,
     }  # fmt: skip
     if settings is not None:
-        kwargs |= engine_kwargs("Qwen3ForCausalLM", settings)
+        kwargs |= engine_kwargs(architecture, settings)
     return vllm.LLM(**(kwargs | options))
 
 

@@ -81,6 +81,9 @@ class RecallItem:
     """The value alphabet's name (:data:`~.recall_syntax.ALPHABETS`)."""
     families: str = "train"
     """The family split the family and alphabet were drawn from."""
+    templates: tuple[str, str] = ("{key} = {value}", "assert {key} == ")
+    """The family's binding and question templates (:class:`~.recall_syntax.Family`): a
+    generated family has no name to look them up by."""
 
     @property
     def question(self) -> bytes:
@@ -170,7 +173,7 @@ class _Plan:
     evidence: tuple[int, ...]
     value: str
     value_at: tuple[int, int]
-    family: str
+    family: Family
     alphabet: str
     families: str
 
@@ -232,9 +235,10 @@ def _plant(
         context_length,
         evidence,
         value_span,
-        plan.family,
+        plan.family.name,
         plan.alphabet,
         plan.families,
+        (plan.family.bind, plan.family.ask),
     )
 
 
@@ -271,7 +275,7 @@ def _keyed(rng: random.Random, keys: int, families: str, task: str) -> _Plan:
         evidence=(asked,),
         value=values[asked],
         value_at=(asked, _binding_at(family, names[asked])),
-        family=family.name,
+        family=family,
         alphabet=alphabet.name,
         families=families,
     )
@@ -298,7 +302,7 @@ def _chain(rng: random.Random, length: int, families: str) -> _Plan:
         evidence=(0, 2),
         value=value,
         value_at=(0, _binding_at(family, src)),
-        family=family.name,
+        family=family,
         alphabet=alphabet.name,
         families=families,
     )

@@ -126,8 +126,59 @@ def family_names(families: str) -> tuple[str, ...]:
 
 
 def draw_family(rng: random.Random, families: str) -> Family:
+    """A family of split ``families``; for ``train``, half of the time a generated one
+    (:func:`generated_family`), so training sees thousands of syntaxes, not a dozen."""
     check_family_split(families)
+    if families == "train" and rng.random() < GENERATED_SHARE:
+        return generated_family(rng)
     return rng.choice(FAMILIES[families])
+
+
+GENERATED_SHARE = 0.5
+"""Share of training items in a generated family rather than a named one."""
+# The pieces generated bindings and questions are made of. None of the validation or held-out
+# families' marks (``:=``, ``=>``, ``the … is``, ``value="``, ``setdefault``, ``INSERT``,
+# ``holds``, ``lookup(``, ``Settings.``, ``make_var``, ``table.get``, ``{"name"``) is among them,
+# and a generated family equal to a named one of another split is redrawn.
+_INDENTS = ("", "    ", "        ", "\t")
+_LEADS = ("", "set ", "let ", "var ", "self.", "cfg.", "- ", "* ", "# ", "// ", "; ", "@", "$",
+          "const ", "opt ", "> ")  # fmt: skip
+_KEY_QUOTES = (("", ""), ('"', '"'), ("'", "'"), ("`", "`"), ("[", "]"), ("<", ">"))
+_SEPARATORS = (" = ", "=", ": ", ":", " -> ", " ", "\t", ", ", " == ", " to ", " <- ", " ~ ")
+# Braces are doubled: these are pieces of str.format templates.
+_VALUE_QUOTES = (("", ""), ("'", "'"), ("(", ")"), ("[", "]"), ("{{", "}}"), ("`", "`"))
+_TRAILS = ("", ",", ";", " }}", ")", "  # default", " \\", " .")
+_ACCESSORS = ("{key}", 'config["{key}"]', "get('{key}')", "{key}()", "self.{key}", "env.{key}",
+              "args['{key}']", "opts.get('{key}')", "values['{key}']", "read({key})")  # fmt: skip
+_ASK_LEADS = ("assert ", "print(", "# ", "", "return ", "expect ", "check(")
+_ASK_SEPARATORS = (" == ", " -> ", ": ", " = ", ")  # ", " is ", " ~ ")
+REPEAT_SHARE = 1 / 3
+"""Share of generated families asked by an exact repeat of the binding up to the value."""
+
+
+def generated_family(rng: random.Random) -> Family:
+    """A training family put together from random pieces: an indent, a lead word, the key
+    (maybe quoted), a separator, the value (maybe quoted) and a trail; asked by an exact
+    repeat of the binding up to its value or by an accessor expression and a separator."""
+    while True:
+        kq, vq = rng.choice(_KEY_QUOTES), rng.choice(_VALUE_QUOTES)
+        bind = (
+            f"{rng.choice(_INDENTS)}{rng.choice(_LEADS)}{kq[0]}{{key}}{kq[1]}"
+            f"{rng.choice(_SEPARATORS)}{vq[0]}{{value}}{vq[1]}{rng.choice(_TRAILS)}"
+        )
+        if rng.random() < REPEAT_SHARE:
+            ask = bind.split("{value}")[0].lstrip()
+        else:
+            ask = f"{rng.choice(_ASK_LEADS)}{rng.choice(_ACCESSORS)}{rng.choice(_ASK_SEPARATORS)}"
+        family = Family("generated", bind, ask, upper=rng.random() < 0.5)
+        if (bind, ask) not in _NAMED_ELSEWHERE and bind not in _NAMED_BINDINGS:
+            return family
+
+
+_NAMED_ELSEWHERE = {
+    (f.bind, f.ask) for split in ("validation", "held_out") for f in FAMILIES[split]
+}
+_NAMED_BINDINGS = {f.bind for split in ("validation", "held_out") for f in FAMILIES[split]}
 
 
 def draw_alphabet(rng: random.Random, families: str) -> Alphabet:
