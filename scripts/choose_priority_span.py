@@ -10,8 +10,10 @@ budget: a wider span keeps more of each line the scorer rated, a narrower one le
 for more lines. This measures the scorer in ``FOLDER`` at its own capacity and window with each of
 ``--spans``, by the mean probability of the exact answer (prefill protocol; the smooth
 counterpart of exact match, ``evaluation/recall.answer_probability``) on ``--items`` recall items
-per task of ``--split`` (``validation`` by default: the standard library's test folder, code the
-model never saw and no benchmark asks about; never held-out items), drawn with ``--seed``.
+per family group and task of ``--split`` (``validation`` by default: the standard library's test
+folder, code the model never saw and no benchmark asks about; never held-out code), in the
+trained families and the validation ones (``training/selection.SELECTION_FAMILIES``; never the
+held-out families the benchmark's rows ask), drawn with ``--seed``.
 
 ``--spans`` must include the span the folder is saved with, so that every other is measured
 against it. The highest mean wins, except that the saved span stays unless another beats it by
@@ -54,6 +56,7 @@ from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, tensors_sha256  # noqa: E402
+from kvpop_compile.training.selection import SELECTION_FAMILIES, SELECTION_SPLITS  # noqa: E402
 
 TIE = 1e-4  # a lead of at most this over the saved span's mean is a tie: the saved span stays
 
@@ -62,8 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path, help="a saved scorer folder (scorer.json and tensors)")
     p.add_argument("--spans", nargs="+", type=int, required=True, help="the spans to measure")
-    p.add_argument("--split", default="validation", choices=["validation", "train"])
-    p.add_argument("--items", type=int, default=64, help="recall items per task")
+    p.add_argument("--split", default="validation", choices=SELECTION_SPLITS)
+    p.add_argument("--items", type=int, default=64, help="recall items per family group and task")
     p.add_argument("--seed", type=int, default=99, help="seed of the items")
     p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -139,7 +142,8 @@ def main(argv=None) -> None:
     earlier = record.pop("priority_span_selection", None)
     record["priority_span_selection"] = {
         "command": " ".join(["python scripts/choose_priority_span.py", *argv]),
-        "split": args.split, "items_per_task": args.items, "seed": args.seed,
+        "split": args.split, "families": list(SELECTION_FAMILIES),
+        "items_per_task": args.items, "seed": args.seed,
         "measure": "probability", "protocol": "prefill",
         "items_sha256": items_sha256(i for group in groups for i in group),
         "python": platform.python_version(),

@@ -29,12 +29,15 @@ sequence is one 2048-byte window or one item, so packing never cuts an item.
 
 ``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
 starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of the
-scorers at step 0 and at every evaluation, the best on ``N`` recall items per task (prefill
-protocol; by default the one answering the most of them exactly at the training capacity). Those
-items are drawn with ``--select-seed`` from ``--select-split``: ``train`` (training files, never the
-training items' seed) or ``validation`` (the standard library's test folder, which the corpus leaves
-out: code the model never saw, as the held-out files are to it, and that no benchmark asks about).
-Never held-out items. A work folder's ``run.json`` records the command that trains there and its
+scorers at step 0 and at every evaluation, the best on ``N`` recall items per family group and task
+(prefill protocol; by default the one answering the most of them exactly at the training
+capacity), in the trained families and the validation ones
+(:data:`kvpop_compile.training.selection.SELECTION_FAMILIES`): syntaxes no benchmark row asks,
+beside the trained ones. Those items are drawn with ``--select-seed`` from ``--select-split``:
+``validation`` (the default: the standard library's test folder, which the corpus leaves out:
+code the model never saw, as the held-out files are to it, and that no benchmark asks about) or
+``train`` (training files, never the training items' seed). Never held-out code or held-out
+families. A work folder's ``run.json`` records the command that trains there and its
 measure, and a run with another measure is refused there. ``--reselect`` measures the candidates a
 finished run in ``--work`` measured (its report's steps) with this run's measure and keeps the best,
 without training again (the folder's own ``scorer/`` stays the run's choice); ``training.json`` then
@@ -61,7 +64,8 @@ replaces; the runs were made with ``--work`` and ``--out`` in scratch folders)::
         --seed 1 --threads 1
 
 then that run's candidates chosen again for each saved budget by the probability of the exact
-answer on 64 validation items per task (step 50 kept for both), in the same ``--work`` folder::
+answer on 64 validation items per task (step 50 kept for both; the items then had no family
+groups), in the same ``--work`` folder::
 
     python scripts/train_embedded_scorers.py --policies memory --capacities 512 256 \\
         --windows 256 96 --train-window 96 --train-capacity 256 --recall-fraction 0.5 \\
@@ -111,10 +115,15 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
 )
 from kvpop_compile.evaluation.recall import answer_exactly, answer_probability  # noqa: E402
 from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
-from kvpop_compile.training.selection import CandidateSelection  # noqa: E402
+from kvpop_compile.training.selection import (  # noqa: E402
+    SELECTION_FAMILIES,
+    SELECTION_SPLITS,
+    CandidateSelection,
+    recall_selection_items,
+)
 from kvpop_compile.training.trainer import CHECKPOINT  # noqa: E402
 
-SELECT_BATCH = 16  # items answered together (a task's items share their lengths)
+SELECT_BATCH = 16  # items answered together, at most (items of one shape share a forward)
 # What a candidate is measured by, per item: its exact greedy answer (1 or 0), or the probability
 # it gives the exact answer (exact match's smooth counterpart, which ranks candidates that answer
 # the same number of items).
@@ -174,14 +183,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--select-items", type=int, default=0,
-        help="keep the candidate answering the most of this many recall items per task of "
-        "--select-split (0: keep the last step)",
+        help="keep the candidate answering the most of this many recall items per family group "
+        "(trained and validation families) and task of --select-split (0: keep the last step)",
     )  # fmt: skip
     p.add_argument("--select-seed", type=int, default=99, help="seed of the selection items")
     p.add_argument(
-        "--select-split", default="train", choices=["train", "validation"],
-        help="the recall items' code: training files, or the standard library's test folder "
-        "(validation: code the model never saw, and no benchmark asks about)",
+        "--select-split", default="validation", choices=SELECTION_SPLITS,
+        help="the recall items' code: the standard library's test folder (validation, the "
+        "default: code the model never saw, and no benchmark asks about), or training files",
     )  # fmt: skip
     p.add_argument(
         "--select-measure", default="exact", choices=sorted(SELECT_MEASURES),
@@ -234,7 +243,10 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
         texts.extend(_windows(read_bytes(name)))
     texts = texts[: sequences - recall_count]
     per_task = -(-recall_count // len(TASKS))
-    items = [recall_items("train", task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+    items = [
+        recall_items("train", task, SEQUENCE_LENGTH, per_task, seed, families="train")
+        for task in TASKS
+    ]
     recall = []
     for i in range(per_task):
         for group in items:
@@ -247,9 +259,10 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
 
 
 def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallItem]]:
-    """The selection measure's items: ``per_task`` 2048-byte recall items per task of ``split``
-    ("train" or "validation"), drawn with ``seed``; one list per task."""
-    return [recall_items(split, task, SEQUENCE_LENGTH, per_task, seed) for task in TASKS]
+    """The selection measure's items: ``per_task`` 2048-byte recall items per family group
+    (:data:`~kvpop_compile.training.selection.SELECTION_FAMILIES`) and task of ``split``
+    ("validation" or "train"), drawn with ``seed``; one list per family group and task."""
+    return recall_selection_items(split, per_task, seed, SEQUENCE_LENGTH)
 
 
 def recall_selection(
@@ -270,8 +283,7 @@ def recall_selection(
         values = [
             value
             for items in groups
-            for start in range(0, len(items), SELECT_BATCH)
-            for value in per_item(model, items[start : start + SELECT_BATCH], "prefill")
+            for value in per_item(model, items, "prefill", batch=SELECT_BATCH)
         ]
         return sum(values) / len(values)
 
@@ -310,13 +322,16 @@ def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopCon
 
 
 def selection_spec(args) -> dict | None:
-    """The run's selection measure: its split, items per task and seed, and its per-item
-    measure and where it measures when not the defaults (exact, at the training budget: what a
-    record without them, written before they existed, measured). None: no selection."""
+    """The run's selection measure: its split, family groups, items per family group and task,
+    and seed, and its per-item measure and where it measures when not the defaults (exact, at
+    the training budget: what a record without them, written before they existed, measured).
+    None: no selection. A record without family groups measured items that had none, so a run
+    recorded with one is not resumed with the other."""
     if not args.select_items:
         return None
     spec = {
-        "split": args.select_split, "items_per_task": args.select_items, "seed": args.select_seed
+        "split": args.select_split, "families": list(SELECTION_FAMILIES),
+        "items_per_task": args.select_items, "seed": args.select_seed,
     }  # fmt: skip
     if args.select_measure != "exact":
         spec["measure"] = args.select_measure

@@ -13,6 +13,7 @@ from script_support import load_script
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
+from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import scorer_folder
 from kvpop_compile.evaluation.recall import answer_probability
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
@@ -61,11 +62,15 @@ def test_the_measure_is_the_mean_answer_probability_at_each_span(tmp_path):
     selection = json.loads((folder / "training.json").read_text())["priority_span_selection"]
     measured = {m["priority_span"]: m["select"] for m in selection["measured"]}
     assert list(measured) == [saved.priority_span, 2]
-    # Each measure is the mean answer probability of the scorer loaded as saved for that span.
-    items = [recall_items("validation", task, 2048, 1, 99)[0] for task in TASKS]
+    # Each measure is the mean answer probability of the scorer loaded as saved for that span,
+    # on validation code in the trained and the validation families, never the held-out ones.
+    assert (selection["split"], selection["families"]) == ("validation", ["train", "validation"])
+    items = [recall_items("validation", task, 2048, 1, 99, families=families)[0]
+             for families in ("train", "validation") for task in TASKS]  # fmt: skip
+    assert selection["items_sha256"] == items_sha256(items)
     model = kc.transform(load_embedded_model(), dataclasses.replace(saved, priority_span=2))
     kc.load_scorer(model, folder)
-    expected = sum(answer_probability(model, [item], "prefill")[0] for item in items) / len(TASKS)
+    expected = sum(answer_probability(model, [item], "prefill")[0] for item in items) / len(items)
     assert measured[2] == pytest.approx(expected, rel=1e-9)
 
 

@@ -16,6 +16,7 @@ from training_support import TEXTS
 import kvpop_compile as kc
 import kvpop_compile.engines
 import kvpop_compile.evaluation.demo
+import kvpop_compile.evaluation.recall_report
 from kvpop_compile.cli import limits, main
 from kvpop_compile.embedded.recall import TASKS, split_text
 from kvpop_compile.evaluation.own_data import UTF8_BYTES, text_sequences
@@ -161,12 +162,59 @@ def test_demo_items_beyond_the_held_out_code_are_refused(context, demo_runs, cap
         line = cli_error(["demo", "--items", items, "--context", context, "--no-image"], capsys)
         assert line == (
             f"kvpop-compile demo: --items {items}: the held-out code is {size:,} bytes, as much "
-            f"as {limit} items per task of {context} bytes for the 4 tasks hold; give --items 1 "
-            f"to {limit}"
+            f"as {limit} items per task of {context} bytes for the {len(TASKS)} tasks hold; give "
+            f"--items 1 to {limit}"
         )
     assert demo_runs == []
     assert main(["demo", "--items", str(limit), "--context", str(context), "--no-image"]) == 0
     assert [run["items"] for run in demo_runs] == [limit]
+
+
+@pytest.fixture
+def recall_runs(monkeypatch):
+    """Record the settings ``eval --recall`` would run with instead of running it."""
+    runs = []
+
+    def evaluate_recall(model, out, *, settings, **_):
+        runs.append(settings)
+        return {"document": ""}
+
+    monkeypatch.setattr(kvpop_compile.evaluation.recall_report, "evaluate_recall", evaluate_recall)
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("argv", "families"),
+    [
+        ([], ("train", "held_out")),  # never the validation families by default
+        (["--recall-families", "held_out"], ("held_out",)),
+        (["--recall-families", "validation,train"], ("validation", "train")),
+        (["--recall-families", " held_out , train,validation"], ("held_out", "train",
+                                                                 "validation")),
+    ],
+)  # fmt: skip
+def test_recall_families_choose_the_family_groups_asked(argv, families, recall_runs, tmp_path):
+    argv = ["eval", "--recall", "--policies", "window", "--budgets", "88%", "--out", str(tmp_path),
+            "--recall-items", "3", *argv]  # fmt: skip
+    assert main(argv) == 0
+    (settings,) = recall_runs
+    assert settings.families == families and settings.items == 3
+
+
+@pytest.mark.parametrize(
+    ("families", "message"),
+    [
+        ("heldout", "'heldout' is not one of train, validation, held_out"),
+        ("train,", "'' is not one of train, validation, held_out"),
+        ("held_out,train,held_out", "'held_out' is given twice in 'held_out,train,held_out'"),
+    ],
+)
+def test_bad_recall_families_are_refused_before_anything_loads(
+    families, message, recall_runs, capsys
+):
+    line = cli_error(["eval", "--recall", "--recall-families", families], capsys)
+    assert line == f"kvpop-compile eval: argument --recall-families: {message}"
+    assert recall_runs == []
 
 
 @pytest.mark.parametrize(

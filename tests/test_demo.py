@@ -3,8 +3,9 @@
 import pytest
 
 from kvpop_compile.cli import main
-from kvpop_compile.embedded.recall import TASKS
+from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.demo import run_demo
+from kvpop_compile.evaluation.recall import RECALL_SEED
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,11 @@ def result(tmp_path_factory):
 def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     labels = [c.label for c in result.contenders]
     assert labels == ["full attention", "KVpop, trained memory scorer", "window (heuristic)"]
-    assert [i.task for i in result.items] == list(TASKS)
+    # Items of held-out code in held-out families: syntaxes no model or scorer trained on.
+    assert result.items == [
+        recall_items("held_out", task, 1024, 1, RECALL_SEED, families="held_out")[0]
+        for task in TASKS
+    ]
     assert all(len(marks) == len(TASKS) for marks in result.exact.values())
     example = result.example
     # The example is answered again alone: its answers agree with the measured marks.
@@ -32,9 +37,16 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     sizes = example.cache_bytes
     assert sizes["full attention"] > 3 * sizes[labels[1]]
     evidence = [example.item.prompt[start:end] for start, end in example.item.evidence]
-    assert example.item.answer[-4:] in evidence[0]
-    assert f"the answer follows from {evidence[0].decode().strip()!r}" in "\n".join(result.report())
+    value = example.item.prompt[slice(*example.item.value_span)]
+    assert example.item.answer.endswith(value) and value in evidence[0]
     report = "\n".join(result.report())
+    assert f"the answer follows from {evidence[0].decode().strip()!r}" in report
+    assert (
+        f"({example.item.task}, {example.item.family} syntax, {example.item.alphabet} values;"
+        in (report)
+    )
+    assert f"  ...{example.item.question[1:].decode()!r} -> expected" in report
+    assert "in held-out families" in report
     assert "4 sinks + 96 window + 156 pool = 256 tokens" in report and "(75% compression)" in report
     # The shipped scorer was saved with its score spread, and KVpop runs with it; the heuristic
     # runs as published.
@@ -43,7 +55,9 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     assert "KVpop spreads each score over the 8 tokens that leave the window" in report
     for label in labels:
         right, total = result.accuracy(label)
-        assert f"{right:>7}/{total}" in report
+        assert (right, total) == (sum(result.exact[label]), len(TASKS))
+        (row,) = [line for line in report.splitlines() if line.startswith(label)]
+        assert row.split()[-2:] == [f"{right}/{total}", f"{right / total:.0%}"]
     assert result.image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -90,6 +90,10 @@ def cli_error(argv, capsys) -> str:
          "argument --recall-lengths: '512' is not one of 1024, 2048"),
         (["eval", "--recall-protocols", "prefil"],
          "argument --recall-protocols: 'prefil' is not one of prefill, decode"),
+        (["eval", "--recall-lengths", "2048,2048"],
+         "argument --recall-lengths: '2048' is given twice in '2048,2048'"),
+        (["eval", "--recall-families", "train,test"],
+         "argument --recall-families: 'test' is not one of train, validation, held_out"),
         (["demo", "--model", "/nonexistent"], "argument --model: '/nonexistent' is not a folder"),
         (["eval", "--resume"], "--resume goes on with a recall run (--recall without "
          "--report-only); add --recall"),

@@ -8,7 +8,7 @@ from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.kept import heads_holding_evidence, heads_holding_span
 from kvpop_compile.evaluation.methods import Method, build_model
-from kvpop_compile.evaluation.recall import RECALL_SEED
+from kvpop_compile.evaluation.recall import RECALL_SEED, same_shape
 
 
 def test_a_head_holds_a_span_only_with_every_position_of_it():
@@ -42,6 +42,12 @@ def test_the_report_sums_by_outcome_and_lists_each_miss():
     assert item_rows == []  # answered items get no row
 
 
+def _two_of_one_shape(items):
+    """The first two of ``items`` that share prompt and answer lengths (one batch)."""
+    rows = next(rows for rows in same_shape(items, "prefill") if len(rows) > 1)
+    return [items[i] for i in rows[:2]]
+
+
 @pytest.fixture(scope="module")
 def model():
     return load_embedded_model()
@@ -53,7 +59,7 @@ def test_a_cache_that_evicts_nothing_holds_every_value_in_every_head(model):
     window = build_model(model, Method("window", "75%"))
     heads, layers = model.config.num_key_value_heads, model.config.num_hidden_layers
     for task in TASKS:
-        batch = recall_items("held_out", task, 256, 2, RECALL_SEED)
+        batch = _two_of_one_shape(recall_items("held_out", task, 256, 16, RECALL_SEED))
         readings = recall_misses.read_items(window, batch)
         assert [r.index for r in readings] == [0, 1]
         assert all(r.value_heads == [heads] * layers for r in readings)
@@ -67,13 +73,13 @@ def test_the_window_heuristic_never_holds_a_value_far_back(tmp_path):
     out = tmp_path / "misses.md"
     text = recall_misses.main(
         ["--policy", "window", "--budget", "88%", "--task", "lookup", "--length", "1024",
-         "--items", "2", "--out", str(out)]
+         "--items", "1", "--out", str(out)]
     )  # fmt: skip
     assert out.read_text() == text
     assert "What window @ 88% holds once it has answered: lookup@1024" in text
     rows = [line for line in text.splitlines() if line.startswith(("| answered", "| missed"))]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
-    assert sum(int(c[1]) for c in cells) == 2
+    assert sum(int(c[1]) for c in cells) == 1
     # Every item that has one: no pair holds its value.
     assert all(c[2:] == ["–", "–"] or c[2:] == ["0.0", c[1]] for c in cells)
     with pytest.raises(SystemExit):

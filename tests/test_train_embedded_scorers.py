@@ -53,14 +53,22 @@ def test_a_memory_scorer_started_from_an_mlp_is_selected_on_recall_items(tmp_pat
               "--init-from", str(mlp), "--select-items", "1", "--scorer-hidden", "256",
               "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
     with pytest.raises(SystemExit, match="--select-seed 0 equals --seed"):
-        _script().main([*common, "--select-seed", "0", "--recall-fraction", "0.5"])
+        _script().main([*common, "--select-seed", "0", "--recall-fraction", "0.5",
+                        "--select-split", "train"])  # fmt: skip
     _script().main(common)
     record = json.loads((tmp_path / "out" / "memory-256" / "training.json").read_text())
     assert record["init_from"] == {"path": str(mlp), "tensors_sha256": tensors_sha256(mlp)}
     selection = record["selection"]
     assert [m["step"] for m in selection["measured"]] == [0, 1]
-    # One item per task: each measure is a share of len(TASKS) answers; the best is kept.
-    shares = {k / len(TASKS) for k in range(len(TASKS) + 1)}
+    # By default on validation code, in the trained and the validation families (never the
+    # held-out ones): one item per family group and task.
+    assert (selection["split"], selection["families"]) == ("validation", ["train", "validation"])
+    groups = [recall_items("validation", task, 2048, 1, 99, families=families)
+              for families in ("train", "validation") for task in TASKS]  # fmt: skip
+    assert selection["items_sha256"] == items_sha256(i for group in groups for i in group)
+    # Each measure is a share of the 2 * len(TASKS) answers; the best is kept.
+    asked = 2 * len(TASKS)
+    shares = {k / asked for k in range(asked + 1)}
     assert all(m["select"] in shares for m in selection["measured"])
     best = max(selection["measured"], key=lambda m: (m["select"], m["step"]))
     assert selection["kept_step"] == best["step"]
@@ -94,25 +102,27 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
     with pytest.raises(SystemExit, match="--reselect chooses by the selection measure"):
         module.main([*common, "--reselect"])
     with pytest.raises(SystemExit, match="--reselect: .* holds no run"):
-        module.main([*common, "--select-items", "1", "--reselect"])
+        module.main([*common, "--select-items", "1", "--select-split", "train", "--reselect"])
     with pytest.raises(FileNotFoundError, match="no validation text"):
         module.main([*common, "--select-items", "1", "--select-split", "validation"])
     assert not (work / "memory-256").exists()  # stopped before it claimed the folder
     missing.clear()
     (work / "memory-256").mkdir(parents=True)  # a record without a checkpoint holds nothing
     (work / "memory-256" / "run.json").write_text('{"command": "x", "selection": null}')
-    module.main([*common, "--select-items", "1"])
+    module.main([*common, "--select-items", "1", "--select-split", "train"])
     first = json.loads((out / "memory-256" / "training.json").read_text())
     assert first["selection"]["kept_step"] == 1
     assert first["selection"]["items_sha256"] == items_sha256([])
     assert first["selection"]["python"] == platform.python_version()
     with pytest.raises(SystemExit, match="holds a run selected by .*'items_per_task': 1"):
-        module.main([*common, "--select-items", "2"])  # a resume would mix two measures
+        module.main([*common, "--select-items", "2", "--select-split", "train"])  # two measures
+    with pytest.raises(SystemExit, match="holds a run selected by .*'split': 'train'"):
+        module.main([*common, "--select-items", "1"])  # the default split is validation
     record = work / "memory-256" / "run.json"
     kept_record = record.read_text()
     record.unlink()
     with pytest.raises(SystemExit, match="holds a run without run.json"):
-        module.main([*common, "--select-items", "1"])
+        module.main([*common, "--select-items", "1", "--select-split", "train"])
     record.write_text(kept_record)
     with pytest.raises(SystemExit, match="is at step 1, not --steps 2: give the run's own"):
         module.main([*common[:-4], "--steps", "2", "--work", str(work), "--out", str(out),
@@ -128,8 +138,9 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
     assert (selection["split"], selection["kept_step"]) == ("validation", 0)
     assert [(m["step"], m["select"]) for m in selection["measured"]] == [(0, 1.0), (1, 0.0)]
     assert selection["during_training"] == {
-        "command": first["command"], "selection": {"split": "train", "items_per_task": 1,
-                                                   "seed": 99},
+        "command": first["command"],
+        "selection": {"split": "train", "families": ["train", "validation"],
+                      "items_per_task": 1, "seed": 99},
         "measured": first["selection"]["measured"], "kept_step": 1,
     }  # fmt: skip
     assert record["command"].endswith(" ".join(reselect))
@@ -187,7 +198,8 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
             "probability", "saved", kept
         )  # fmt: skip
         assert selection["during_training"]["selection"] == {
-            "split": "train", "items_per_task": 1, "seed": 99
+            "split": "validation", "families": ["train", "validation"], "items_per_task": 1,
+            "seed": 99,
         }  # fmt: skip
         saved, candidate = (
             read_tensors(out / f"memory-{capacity}"),

@@ -10,10 +10,12 @@ from training_support import CONFIG, TEXTS, run
 
 import kvpop_compile as kc
 from kvpop_compile.config import ScorerKind
+from kvpop_compile.embedded.recall import TASKS, recall_items
+from kvpop_compile.embedded.recall_syntax import family_names
 from kvpop_compile.runtime import build_scorer
 from kvpop_compile.scorer_io import layer_tensors, read_tensors, tensors_sha256
 from kvpop_compile.training import train_scorer
-from kvpop_compile.training.selection import CandidateSelection
+from kvpop_compile.training.selection import CandidateSelection, recall_selection_items
 from kvpop_compile.training.warm_start import warm_start
 
 MLP_CONFIG = dataclasses.replace(CONFIG, scorer="mlp")
@@ -199,3 +201,24 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path):
         selection.measure_saved([])
     with pytest.raises(ValueError, match="select must return a finite number, got nan"):
         CandidateSelection(lambda folder: float("nan"), tmp_path).measure_saved(steps)
+
+
+@pytest.mark.parametrize("split", ["validation", "train"])
+def test_recall_selection_items_ask_trained_and_validation_families_never_held_out_ones(split):
+    groups = recall_selection_items(split, 2, 7, 1024)
+    expected = [
+        recall_items(split, task, 1024, 2, 7, families=families)
+        for families in ("train", "validation")
+        for task in TASKS
+    ]
+    assert groups == expected
+    items = [item for group in groups for item in group]
+    assert {item.families for item in items} == {"train", "validation"}
+    held_out = set(family_names("held_out"))
+    asked = set(family_names("train")) | set(family_names("validation"))
+    assert all(item.family in asked and item.family not in held_out for item in items)
+
+
+def test_recall_selection_items_refuse_held_out_code():
+    with pytest.raises(ValueError, match="split must be one of \\('validation', 'train'\\)"):
+        recall_selection_items("held_out", 1, 0, 1024)

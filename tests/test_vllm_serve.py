@@ -97,3 +97,27 @@ def test_engine_kwargs_for_qwen3_moe_and_prefix_caching_off():
     kwargs = engine_kwargs("Qwen3MoeForCausalLM", serve_settings(config=KVpopConfig()))
     assert kwargs["hf_overrides"]["architectures"] == ["KVpopQwen3MoeForCausalLM"]
     assert kwargs["enable_prefix_caching"] is False
+
+
+def test_kvpop_compile_serve_execs_the_server_with_options_after_the_double_dash(monkeypatch):
+    from kvpop_compile.cli.parser import main
+    from kvpop_compile.vllm import serve as serve_module
+
+    started = []
+    monkeypatch.setattr(serve_module.os, "execv", lambda path, argv: started.append(argv))
+    argv = ["serve", str(EMBEDDED_MODEL), "--policy", "tova", "--capacity", "128",
+            "--port", "9123", "--", "--dtype", "float32", "--max-model-len", "2048"]  # fmt: skip
+    assert main(argv) == 0
+    (argv,) = started
+    assert argv[-4:] == ["--dtype", "float32", "--max-model-len", "2048"]
+    assert _option(argv, "--port") == "9123" and _option(argv, "--host") == "127.0.0.1"
+    config = json.loads(_option(argv, "--hf-overrides"))["kvpop"]["config"]
+    assert config["scorer"] == "tova" and KVpopConfig(**config).capacity == 128
+
+
+def test_options_after_the_double_dash_belong_to_serve_only(capsys):
+    from kvpop_compile.cli.parser import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--", "--dtype", "float32"])
+    assert "only serve takes them, not demo" in capsys.readouterr().err

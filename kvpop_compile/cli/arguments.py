@@ -99,7 +99,8 @@ def bench_methods(text: str) -> tuple[str, ...]:
 
 
 def comma_choices(allowed: tuple, kind: Callable) -> Callable[[str], tuple]:
-    """argparse type: a comma-separated subset of ``allowed``, each read with ``kind``."""
+    """argparse type: a comma-separated subset of ``allowed``, each read with ``kind``, none
+    given twice (it would be asked twice)."""
 
     def parse(text: str) -> tuple:
         chosen = []
@@ -112,6 +113,8 @@ def comma_choices(allowed: tuple, kind: Callable) -> Callable[[str], tuple]:
                 raise argparse.ArgumentTypeError(
                     f"{item.strip()!r} is not one of {', '.join(map(str, allowed))}"
                 )
+            if value in chosen:
+                raise argparse.ArgumentTypeError(f"{item.strip()!r} is given twice in {text!r}")
             chosen.append(value)
         return tuple(chosen)
 

@@ -165,7 +165,7 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
 
     settings = RecallSettings(
         items=args.recall_items, batch=args.batch, lengths=args.recall_lengths,
-        protocols=args.recall_protocols,
+        protocols=args.recall_protocols, families=args.recall_families,
     )  # fmt: skip
     result = evaluate_recall(
         model, out,

@@ -7,7 +7,10 @@ import argparse
 import sys
 
 from ..embedded.recall import CONTEXT_LENGTHS
-from ..evaluation.recall import RECALL_PROTOCOLS
+from ..embedded.recall_syntax import FAMILY_SPLITS
+from ..evaluation.recall import RECALL_FAMILIES, RECALL_PROTOCOLS
+from ..vllm.serve import add_arguments as add_serve_arguments
+from ..vllm.serve import serve_command
 from .arguments import (
     Parser,
     bench_methods,
@@ -57,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a held-out recall question: full attention, KVpop and a heuristic at one budget",
     )
     demo.add_argument(
-        "--items", type=integer(1), default=8, help="held-out recall items per task (8)"
-    )
+        "--items", type=integer(1), default=8,
+        help="recall items per task, of held-out code in held-out families (8)",
+    )  # fmt: skip
     demo.add_argument(
         "--context", type=integer(1), default=2048, help="item length in tokens: 1024 or 2048"
     )
@@ -143,7 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     evaluator.add_argument(
         "--recall-items", type=integer(1), default=64,
-        help="held-out recall items per task and length (64)",
+        help="recall items of held-out code per family group, task and length (64)",
+    )  # fmt: skip
+    evaluator.add_argument(
+        "--recall-families", type=comma_choices(FAMILY_SPLITS, str), default=RECALL_FAMILIES,
+        help="family groups of the items (binding and question syntaxes, value alphabets), "
+        f"comma-separated, of {', '.join(FAMILY_SPLITS)}: train, the ones models and scorers "
+        "are trained on; held_out, ones no training step saw; validation, the ones scorers are "
+        f"chosen on ({','.join(RECALL_FAMILIES)})",
     )  # fmt: skip
     evaluator.add_argument(
         "--recall-lengths", type=comma_choices(CONTEXT_LENGTHS, int), default=CONTEXT_LENGTHS,
@@ -256,11 +267,30 @@ def build_parser() -> argparse.ArgumentParser:
         "overwritten); by default a run goes on from it, with the same settings",
     )  # fmt: skip
     trainer.set_defaults(run=train_command)
+
+    server = commands.add_parser(
+        "serve", help="serve a local Qwen3 with vLLM's OpenAI-compatible server (needs vLLM)"
+    )
+    add_serve_arguments(server)
+    server.set_defaults(run=serve_command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # ``serve … -- OPTIONS``: what follows ``--`` is vLLM's, not ours (argparse's subcommands
+    # would refuse it).
+    passthrough = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, passthrough = argv[:at], argv[at + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if passthrough:
+        if args.command != "serve":
+            parser.error(f"options after -- go to vLLM's server: only serve takes them, not "
+                         f"{args.command}")  # fmt: skip
+        args.vllm_options = passthrough
     try:
         return args.run(args)
     # What bad input raises (the library's checks, missing or unreadable files, a missing

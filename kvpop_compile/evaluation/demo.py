@@ -1,14 +1,16 @@
 """``kvpop-compile demo``: a long-range recall question that eviction decides.
 
 The embedded model (shipped with the package, or a byte-level Qwen3 given with ``--model``)
-answers held-out recall items (:mod:`kvpop_compile.embedded.recall`): definitions planted
-early in real code, and a question about them at the end of the context. Three caches answer the
-same items: full attention, KVpop with its trained ``memory`` scorer (or ``--scorer``), and a
-heuristic baseline (``--policy``, StreamingLLM's ``window`` by default) at the same budget.
-The report prints each one's exact-match accuracy over the items (measured here, on every item
-of the run), then one item side by side — the first on which full attention and KVpop answer
-right and the baseline does not — with the cache bytes, and a PNG of which positions each
-bounded cache holds when the question is answered, the lines the answer follows from marked.
+answers recall items (:mod:`kvpop_compile.embedded.recall`) of held-out code in held-out
+families: bindings planted early in real code the model never trained on, written in syntaxes
+and value alphabets that neither the model nor the scorers saw, and a question about them at
+the end of the context. Three caches answer the same items: full attention, KVpop with its
+trained ``memory`` scorer (or ``--scorer``), and a heuristic baseline (``--policy``,
+StreamingLLM's ``window`` by default) at the same budget. The report prints each one's
+exact-match accuracy over the items (measured here, on every item of the run), then one item
+side by side — the first on which full attention and KVpop answer right and the baseline does
+not — with the cache bytes, and a PNG of which positions each bounded cache holds when the
+question is answered, the lines the answer follows from marked.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from .methods import BUDGETS, scorer_folder
 from .recall import RECALL_SEED, answer_exactly, greedy_answers
 
 DEFAULT_CAPACITY = BUDGETS["88%"]
-DEFAULT_ITEMS = 8  # held-out items per task: 32 in all, about a minute on two CPU cores
-BATCH = 16  # items per forward
+DEFAULT_ITEMS = 8  # items per task: 24 in all, under a minute on one core of a 2-core CPU
+BATCH = 16  # items per forward, at most (items of one shape share a forward)
+FAMILIES = "held_out"  # the family group asked: syntaxes no training step saw
 
 
 @dataclass
@@ -74,9 +77,12 @@ class DemoResult:
         bounded = next(c.config for c in self.contenders if c.config is not None)
         context = self.items[0].context_length
         per_task = len(self.items) // len(TASKS)
+        families = sorted({i.family for i in self.items})
         lines = [
-            f"Held-out recall at {context} tokens: {per_task} items per task, code and names "
-            "never trained on. Bounded caches keep "
+            f"Held-out recall at {context} tokens: {per_task} items per task of code never "
+            "trained on, in held-out families (binding and question syntaxes and value "
+            f"alphabets no model or scorer was trained on; here {', '.join(families)}). "
+            "Bounded caches keep "
             f"{bounded.sinks} sinks + {bounded.window} window + {bounded.topk} pool = "
             f"{bounded.capacity} tokens per layer and KV head ({1 - bounded.capacity / context:.0%}"
             " compression)."
@@ -98,12 +104,14 @@ class DemoResult:
             f"{e.item.prompt[start:end].decode('utf-8', 'replace').strip()!r} at byte {start}"
             for start, end in e.item.evidence
         )
-        question = e.item.prompt[e.item.prompt.rfind(b"\n") + 1 :].decode("utf-8", "replace")
+        question = e.item.question[1:]  # the last line, without the newline before it
         lines += [
             "",
-            f"Item {e.index} ({e.item.task}; {e.chosen_because}): the answer follows from "
-            f"{evidence}, the question at byte {len(e.item.prompt) - len(question)}:",
-            f"  ...{question!r} -> expected {e.item.answer.decode()!r}",
+            f"Item {e.index} ({e.item.task}, {e.item.family} syntax, {e.item.alphabet} values; "
+            f"{e.chosen_because}): the answer follows from {evidence}, the question at byte "
+            f"{len(e.item.prompt) - len(question)}:",
+            f"  ...{question.decode('utf-8', 'replace')!r} -> expected "
+            f"{e.item.answer.decode('utf-8', 'replace')!r}",
         ]
         for c in self.contenders:
             answer = e.answers[c.label]
@@ -171,26 +179,24 @@ def prepare(
 
 
 def _held_out_items(per_task: int, context: int) -> list[RecallItem]:
-    """``per_task`` items of each task, interleaved (item ``i`` of every task, then ``i + 1``)."""
-    groups = [recall_items("held_out", task, context, per_task, RECALL_SEED) for task in TASKS]
+    """``per_task`` items of each task, of held-out code in held-out families, interleaved
+    (item ``i`` of every task, then ``i + 1``)."""
+    groups = [
+        recall_items("held_out", task, context, per_task, RECALL_SEED, families=FAMILIES)
+        for task in TASKS
+    ]
     return [group[i] for i in range(per_task) for group in groups]
 
 
 def _measure(contenders: list[Contender], items: list[RecallItem], progress: bool):
-    """label -> 1/0 per item, in ``items``' order (answered in batches of one task)."""
-    exact = {c.label: [0.0] * len(items) for c in contenders}
-    by_task = {task: [i for i, item in enumerate(items) if item.task == task] for task in TASKS}
+    """label -> 1/0 per item, in ``items``' order (answered in batches of one shape)."""
+    exact = {}
     with tqdm(total=len(contenders) * len(items), desc="recall", unit="item",
               disable=not progress) as bar:  # fmt: skip
         for c in contenders:
             bar.set_postfix_str(c.label)
-            for indices in by_task.values():
-                for start in range(0, len(indices), BATCH):
-                    batch = indices[start : start + BATCH]
-                    marks = answer_exactly(c.model, [items[i] for i in batch], "prefill")
-                    for i, mark in zip(batch, marks, strict=True):
-                        exact[c.label][i] = mark
-                    bar.update(len(batch))
+            exact[c.label] = answer_exactly(c.model, items, "prefill", batch=BATCH)
+            bar.update(len(items))
     return exact
 
 
@@ -229,8 +235,8 @@ def run_demo(
     image: str | Path | None = "kvpop_demo.png",
     progress: bool = True,
 ) -> DemoResult:
-    """Measure the three caches on ``items`` held-out items per task at ``context`` tokens,
-    show one item side by side, and draw ``image`` if given."""
+    """Measure the three caches on ``items`` items per task of held-out code in held-out
+    families at ``context`` tokens, show one item side by side, and draw ``image`` if given."""
     require_int("items", items, 1)
     if context not in CONTEXT_LENGTHS:
         raise ValueError(f"context must be one of {CONTEXT_LENGTHS}, got {context!r}")

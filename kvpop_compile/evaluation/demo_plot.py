@@ -82,9 +82,9 @@ def plot_kept_positions(result, path: Path) -> Path:
     handles.append(plt.matplotlib.patches.Patch(color=EVIDENCE_COLOUR, alpha=0.25, label=evidence))
     fig.legend(handles=handles, loc="upper right", ncol=4, fontsize=8)
     fig.suptitle(
-        f"Recall item {example.index} ({example.item.task}), expected "
-        f"{example.item.answer.decode()!r}: what each cache holds at the answer (pale: some KV "
-        "heads)",
+        f"Recall item {example.index} ({example.item.task}, {example.item.family} syntax), "
+        f"expected {example.item.answer.decode('utf-8', 'replace')!r}:\nwhat each cache holds at "
+        "the answer (pale: some KV heads)",
         fontsize=10, x=0.01, ha="left",
     )  # fmt: skip
     fig.tight_layout(rect=(0, 0, 0.86, 0.95))

@@ -2,11 +2,14 @@
 
 ``benchmarks/kvpress_eval.py --recall`` asks the recall benchmark's held-out items of SnapKV,
 ExpectedAttention, TOVA, KNorm and StreamingLLM in kvpress's own environment and writes
-``kvpress_recall.json``: per press, budget and protocol, 1.0 or 0.0 per item by
-``task@length``. Placed beside ``recall.json``, its presses join the report: exact match with
+``kvpress_recall.json``: per press, budget and protocol, 1.0 or 0.0 per item by group, named as
+the benchmark names them (``"held_out/chain@2048"``, :func:`~.recall.group_key`). Placed beside
+``recall.json``, its presses join the report, in each family group's table: exact match with
 95% bootstrap intervals over items, and retention against this run's full attention on the same
 items with the same draws. Item ``i`` of a group is the same item in both runs (one seeded
-stream), so when the runs asked different numbers of items, both are cut to the first ones.
+stream), so when the runs asked different numbers of items, both are cut to the first ones. A
+file whose groups are none of this run's (items of another generator, without family groups)
+is not compared.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ def _shared(exact: list, reference: list) -> tuple[list, list]:
 
 
 def group_figures(groups: dict, full: dict) -> dict[str, Estimate]:
-    """``{"task@length": exact match, "<group> retention": against full attention}`` of one
-    press, budget and protocol, on the groups this run's full attention (``full``) also has."""
+    """``{group: exact match, "<group> retention": against full attention}`` of one press,
+    budget and protocol, on the groups this run's full attention (``full``) also has."""
     figures = {}
     for group, exact in groups.items():
         if group not in full:
@@ -90,6 +93,9 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
             "benchmarks/kvpress_eval.py --recall)"
         ]
     full = results["methods"][FULL]
+    unmatched = _unmatched_groups(kvpress, results)
+    if unmatched is not None:
+        return {}, [unmatched]
     summary: dict[str, dict] = {}
     notes = [_about(kvpress, results)]
     for press, budgets in kvpress.get("results", {}).items():
@@ -109,6 +115,28 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
     return summary, notes
 
 
+def _unmatched_groups(kvpress: dict, results: dict) -> str | None:
+    """A note when none of kvpress's groups is one of this run's full attention's (its items
+    were made by another generator, or named without family groups), else None."""
+    theirs = {
+        group
+        for budgets in kvpress.get("results", {}).values()
+        for protocols in budgets.values()
+        for groups in protocols.values()
+        for group in groups
+        if group != "error"  # a failed run: its message, no groups
+    }
+    full = results["methods"][FULL]
+    ours = {group for protocol in results["protocols"] for group in full.get(protocol, {})}
+    if not theirs or theirs & ours:
+        return None
+    return (
+        f"kvpress recall: not compared ({KVPRESS_RECALL} holds groups "
+        f"{', '.join(sorted(theirs))}, none of this run's {', '.join(sorted(ours))}: rerun "
+        "benchmarks/kvpress_eval.py --recall)"
+    )
+
+
 def _about(kvpress: dict, results: dict) -> str:
     """Where the kvpress rows come from and how they differ from this run's."""
     versions = kvpress.get("versions", {})
@@ -124,9 +152,14 @@ def _about(kvpress: dict, results: dict) -> str:
             f"; in the decode protocol kvpress compresses every {interval} forwards, so its cache "
             f"holds up to {interval} tokens over the budget between compressions"
         )
+    if kvpress.get("families", results.get("families")) != results.get("families"):
+        line += (
+            f"; it asked the family groups {', '.join(kvpress.get('families') or [])}, this run "
+            f"{', '.join(results.get('families') or [])}: its rows hold the groups both asked"
+        )
     if kvpress.get("items") != results.get("items"):
         line += (
-            f"; it asked {kvpress.get('items')} items per task and length, this run "
+            f"; it asked {kvpress.get('items')} items per group, this run "
             f"{results.get('items')}: its rows and retention use the first "
             f"{min(kvpress.get('items') or 0, results.get('items') or 0)}"
         )

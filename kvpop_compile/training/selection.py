@@ -6,6 +6,11 @@ model's recall items, scorers with equal held-out ranking accuracy answer very d
 With a ``select`` measure, a run saves its scorers as a *candidate* at the start and at every
 evaluation, scores each with the measure, and keeps the best one (on a tie, the later one).
 The main process saves and measures; the others receive its measure.
+
+For the embedded model's scorers the measure is taken on recall items
+(:func:`recall_selection_items`) of code no benchmark asks about, in the trained families and the
+validation ones: syntaxes no benchmark row asks. Never in held-out families, which only the
+benchmark's held-out-family rows ask, so that those rows stay unseen by every choice made.
 """
 
 from __future__ import annotations
@@ -18,9 +23,33 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..embedded.recall import TASKS, RecallItem, recall_items
 from ..scorer_io import load_layers, read_tensors, save_scorers
 
 CANDIDATES = "candidates"
+SELECTION_FAMILIES = ("train", "validation")
+"""The family groups recall items for choosing among candidates are drawn from."""
+SELECTION_SPLITS = ("validation", "train")
+"""The code they are planted in: the validation text (the standard library's test folder, which
+the corpus leaves out), or the training files; never the held-out files the benchmark asks."""
+
+
+def recall_selection_items(
+    split: str, per_task: int, seed: int, length: int
+) -> list[list[RecallItem]]:
+    """``per_task`` recall items of ``length`` bytes of each :data:`SELECTION_FAMILIES` group
+    and task, planted in ``split`` (:data:`SELECTION_SPLITS`), drawn with ``seed``: one list per
+    (family group, task), family groups first."""
+    if split not in SELECTION_SPLITS:
+        raise ValueError(
+            f"split must be one of {SELECTION_SPLITS} (choosing on held-out code would tune to "
+            f"the benchmark), got {split!r}"
+        )
+    return [
+        recall_items(split, task, length, per_task, seed, families=families)
+        for families in SELECTION_FAMILIES
+        for task in TASKS
+    ]
 
 
 def _as_measure(value: object, folder: Path) -> float:

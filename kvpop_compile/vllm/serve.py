@@ -98,10 +98,9 @@ def add_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (8000)")
-    parser.add_argument(
-        "vllm_options", nargs="*", metavar="-- VLLM_OPTION",
-        help="options after -- go to vLLM's server unchanged",
-    )  # fmt: skip
+    # ``main`` hands what follows ``--`` on the command line to vLLM's server unchanged.
+    parser.set_defaults(vllm_options=[])
+    parser.epilog = "Options after -- go to vLLM's server unchanged (--dtype, --max-model-len, …)."
 
 
 def settings_from_arguments(args) -> ServeSettings:
