@@ -108,7 +108,7 @@ def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="memory", choices=POLICIES)
     parser.add_argument("--budget", default="75%", choices=list(BUDGETS))
-    parser.add_argument("--task", default="call", choices=TASKS)
+    parser.add_argument("--task", default="chain", choices=TASKS)
     parser.add_argument("--length", type=int, default=2048, choices=CONTEXT_LENGTHS)
     parser.add_argument("--items", type=int, default=64, help="held-out items (64)")
     parser.add_argument("--scorers", type=Path, help="trained scorers (default: the shipped)")

@@ -17,7 +17,7 @@ def _stretch_rows(rows: int, seed: int = 0):
     from embedded_model.data_mix import LONG_LEN, RecallMix
     from embedded_model.training_loop import Progress
 
-    mix = RecallMix(1.0, [1024], ["lookup", "multi_key", "chain", "call"], seed, 1.0)
+    mix = RecallMix(1.0, [1024], ["lookup", "multi_key", "chain"], seed, 1.0)
     ids = torch.zeros(rows, LONG_LEN + 1, dtype=torch.long)
     done = Progress()
     masks = mix.rows(ids, done)
@@ -48,12 +48,14 @@ def test_a_stretch_row_holds_context_stretch_question_and_answer_with_matching_m
         filler = data[stretch[0] + 1 : stretch[-1] + 2]
         question = data[questions[0] + 1 : answers[0] + 1]
         answer = data[answers[0] + 1 : answers[-1] + 2]
-        assert question.startswith(b"assert ") and question.endswith(b" == ")
-        # The context before the stretch is the item's own prompt up to its question line.
+        # The context before the stretch is the item's own prompt up to its question line,
+        # and the question is that line whole.
         context = data[: stretch[0] + 1]
         assert any(
-            item.prompt == context + question and item.answer == answer for item in asked[row]
-        )
+            item.prompt == context + question and item.answer == answer
+            and item.question == b"\n" + question
+            for item in asked[row]
+        )  # fmt: skip
         # The stretch ends in a loop of one unit, and gives no word of the answer away.
         assert not any(w in filler for w in re.findall(rb"\w+", question + answer))
         tail = filler[-2 * LOOP_UNIT[1] :]
