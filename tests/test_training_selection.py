@@ -215,8 +215,10 @@ def test_recall_selection_items_ask_trained_and_validation_families_never_held_o
     items = [item for group in groups for item in group]
     assert {item.families for item in items} == {"train", "validation"}
     held_out = set(family_names("held_out"))
-    asked = set(family_names("train")) | set(family_names("validation"))
+    # Training items are in named or generated training families.
+    asked = set(family_names("train")) | set(family_names("validation")) | {"generated"}
     assert all(item.family in asked and item.family not in held_out for item in items)
+    assert all(item.families == "train" for item in items if item.family == "generated")
 
 
 def test_recall_selection_items_refuse_held_out_code():
