@@ -119,8 +119,8 @@ def evaluate_recall(model: Qwen3ForCausalLM, cells: dict, batch: int = 8) -> dic
 def evaluate_decode_recall(model: Qwen3ForCausalLM, items_per_task: int) -> dict:
     """Full-attention exact match asked as the benchmark's decode protocol asks (the model's
     own greedy stretch between context and question, :mod:`kvpop_compile.evaluation.recall`):
-    ``{"families/task": {"1024": accuracy}}`` over held-out text, trained and held-out families. Decoding, not teacher forcing: the
-    stretch is whatever the model writes."""
+    ``{"families/task": {"1024": accuracy}}`` over held-out text, trained and held-out
+    families. Decoding, not teacher forcing: the stretch is whatever the model writes."""
     model.eval()
     stretch = decode_stretch(RECALL_DECODE_LENGTH, model.config.max_position_embeddings)
     report: dict = {}
