@@ -11,8 +11,9 @@ the same KV pool (``VLLM_CPU_KVCACHE_SPACE`` GiB on the CPU). For each engine it
 - the maximum number of concurrent requests of each context length vLLM admits (from the
   pages or blocks it allocated in that pool);
 - decode tokens per second at each concurrency and context: ``n`` prompts of the context's
-  length submitted together, timed once for one new token (prefill) and once for
-  ``--new-tokens + 1``; decode speed is ``n * new_tokens`` over the difference.
+  length submitted together, timed for one new token (prefill) and for ``--new-tokens + 1``
+  (the pair twice, the second counting; prefix caching off in both engines); decode speed is
+  ``n * new_tokens`` over the difference.
 
 Writes ``vllm_serving.md``, ``.json`` and ``.png`` to ``--out`` (``benchmarks/results``) and
 prints the table with the ratios of the plugin to stock vLLM.
@@ -74,8 +75,11 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
     from kvpop_compile.config import KVpopConfig
     from kvpop_compile.vllm import engine_kwargs, serve_settings
 
+    # Prefix caching off for both: the two timed calls share their prompts, and a cached
+    # prefill would make the second call's decode look free.
     kwargs = {"model": str(folder), "dtype": "float32", "enforce_eager": True,
-              "skip_tokenizer_init": True, "max_model_len": max_len, "seed": 0}  # fmt: skip
+              "skip_tokenizer_init": True, "max_model_len": max_len, "seed": 0,
+              "enable_prefix_caching": False}  # fmt: skip
     if method == "kvpop":
         config = KVpopConfig(sinks=4, window=64, topk=args.capacity - 68, scorer="window")
         kwargs |= engine_kwargs("Qwen3ForCausalLM", serve_settings(config=config))
@@ -89,15 +93,26 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
             admitted = {str(n): blocks * cache.block_size // (n + args.new_tokens + 1)
                         for n in args.contexts}  # fmt: skip
         speeds = {}
+        warm = [TokensPrompt(prompt_token_ids=list(range(1, 65)))]
+        _timed(llm, warm, 2)  # the first call pays for warm-up, not for decoding
         for context in args.contexts:
             for n in args.concurrency:
                 prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 13 * j) % 251 + 1
                                                           for j in range(context)])
                            for i in range(n)]  # fmt: skip
 
-                prefill = _timed(llm, prompts, 1)
-                total = _timed(llm, prompts, args.new_tokens + 1)
-                speeds[f"{context}x{n}"] = n * args.new_tokens / max(total - prefill, 1e-9)
+                # Each shape's first calls pay for more than the work (allocation, warm-up):
+                # the pair is timed twice and the second pair counts.
+                for _ in range(2):
+                    prefill = _timed(llm, prompts, 1)
+                    total = _timed(llm, prompts, args.new_tokens + 1)
+                if total <= prefill:
+                    raise RuntimeError(
+                        f"{method} at {context} x {n}: {args.new_tokens} more tokens took no "
+                        f"time ({total:.3f} s against {prefill:.3f} s): the timing is not "
+                        "measuring decoding; raise --new-tokens"
+                    )
+                speeds[f"{context}x{n}"] = n * args.new_tokens / (total - prefill)
                 print(f"{method} context {context} x {n}: {speeds[f'{context}x{n}']:.1f} tok/s",
                       flush=True)  # fmt: skip
         return {"blocks": blocks, "admitted": admitted, "decode_tokens_per_s": speeds}
