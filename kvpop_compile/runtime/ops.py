@@ -21,6 +21,28 @@ from .reference.evict import update_cache_
 from .reference.memory_scorer import memory_scorer_step_
 
 
+def check_rows(rows: torch.Tensor | None, batch: int, device: torch.device) -> None:
+    """Validate a state-index indirection: ``rows (B,)`` int64 on the state's ``device``, one
+    page per batch row (``None``: the state is dense, row ``b`` is page ``b``).
+
+    Which pages ``rows`` names cannot be checked here without a host synchronisation on the
+    decode path: that the values are distinct and within the state's pages is the caller's
+    contract (duplicates or out-of-range values are undefined on the Triton path)."""
+    if rows is None:
+        return
+    if not isinstance(rows, torch.Tensor):
+        raise TypeError(f"rows must be a tensor of page indices or None, got {type(rows)}")
+    if rows.dtype != torch.int64:
+        raise ValueError(f"rows must be int64 page indices, got {rows.dtype}")
+    if rows.dim() != 1 or rows.shape[0] != batch:
+        raise ValueError(
+            f"rows must be 1-D with one page per batch row, (B,) = ({batch},); got shape "
+            f"{tuple(rows.shape)}"
+        )
+    if rows.device != device:
+        raise ValueError(f"rows must be on the state's device {device}, got {rows.device}")
+
+
 def _kernels():
     """The Triton launchers; imported on first use so that the CPU path never imports triton."""
     from . import kernels
@@ -79,13 +101,20 @@ def decode_attention(
     positions: torch.Tensor,
     scale: float,
     with_probs: bool = True,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One query per sequence against the bounded cache: ``out (B, Hq, 1, D)`` and ``probs
     (B, Hkv, G, C)``, the attention to every slot, or ``(B, Hkv, G, 0)`` unless ``with_probs``
-    (only the attention-fed scorers read it)."""
+    (only the attention-fed scorers read it). With ``rows (B,)`` the cache has ``P`` pages,
+    ``keys, values (P, Hkv, C, D)``, and query ``b`` reads page ``rows[b]``."""
+    check_rows(rows, q.shape[0], keys.device)
     if use_triton(q):
-        return _kernels().bounded_decode_attention(q, keys, values, positions, scale, with_probs)
-    out, probs = attention.bounded_decode_attention(q, keys, values, positions, scale=scale)
+        return _kernels().bounded_decode_attention(
+            q, keys, values, positions, scale, with_probs, rows=rows
+        )
+    out, probs = attention.bounded_decode_attention(
+        q, keys, values, positions, scale=scale, rows=rows
+    )
     return out, probs if with_probs else probs[..., :0].clone()
 
 
@@ -112,15 +141,20 @@ def update_cache(
     sinks: int,
     topk: int,
     window: int,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """A decode step's cache update in one op (in place): the fused evict (argmin over the
     pool, compare, conditional overwrite) of the token leaving the window, then the new
-    token's write at each row's position ``seen (B,)`` into its sink or window-ring slot."""
+    token's write at each row's position ``seen (B,)`` into its sink or window-ring slot.
+    With ``rows (B,)`` the cache tensors (``keys`` to ``statistic``) have ``P`` pages and row
+    ``b`` of the step's inputs (the leaving token, ``priority``, ``seen``, the new token)
+    updates page ``rows[b]``; other pages are untouched."""
+    check_rows(rows, key.shape[0], keys.device)
     update = _kernels().update_cache if use_triton(keys) else update_cache_
     update(
         keys, values, positions, priorities, window_keys, statistic, leaving_key, leaving_value,
         leaving_position, leaving_statistic, priority, seen, key, raw_key, value,
-        sinks, topk, window,
+        sinks, topk, window, rows,
     )  # fmt: skip
 
 
@@ -132,13 +166,16 @@ def memory_scorer_step(
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
     weights: list[torch.Tensor],
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The ``memory`` scorer's decode step in one op: the new token ``key, value (B, H, D)``
     updates ``state (B, H, dv + 1, r)`` in place, then the leaving token is scored against it;
     returns ``rhat (B, H)`` float32. ``weights`` as :mod:`.reference.memory_scorer` orders
-    them."""
+    them. With ``rows (B,)`` the state has ``P`` pages, ``(P, H, dv + 1, r)``, and token ``b``
+    updates page ``rows[b]``; other pages are untouched."""
+    check_rows(rows, key.shape[0], state.device)
     step = _kernels().memory_scorer_step if use_triton(state) else memory_scorer_step_
-    return step(state, key, value, leaving_key, leaving_value, weights)
+    return step(state, key, value, leaving_key, leaving_value, weights, rows)
 
 
 @triton_op("kvpop::future_attention_target", mutates_args=())

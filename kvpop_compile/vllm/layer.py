@@ -4,7 +4,8 @@
 page per request (:mod:`.pages`), and vLLM allocates a pool of them, admits requests by their
 count, and gives each step the pages its requests own (``state_indices``). A step's tokens come
 decodes first, then prefill chunks (vLLM orders them so for state layers). The decode rows
-take one :func:`~kvpop_compile.runtime.decode_step.decode_step` together; each prefill chunk
+take one :func:`~kvpop_compile.runtime.decode_step.decode_step` together, on their pages of
+the pool in place (its ``rows``, the step's state indices); each prefill chunk
 continues its request's state with :func:`~kvpop_compile.runtime.chunk_step.chunk_step`, or
 starts it from an empty page when the request has no tokens computed yet (a new request, or
 one vLLM preempted and recomputes).
@@ -24,7 +25,7 @@ from ..config import KVpopConfig
 from ..runtime.chunk_step import chunk_step
 from ..runtime.decode_step import decode_step
 from ..runtime.scorers.base import Scorer
-from .pages import bind_pages, gather_rows, page_layout, reset_rows_, scatter_rows_
+from .pages import bind_pages, gather_rows, page_layout, pool_state, reset_rows_, scatter_rows_
 
 
 class KVpopStateLayer(MambaBase, torch.nn.Module):
@@ -107,22 +108,24 @@ class KVpopStateLayer(MambaBase, torch.nn.Module):
                                      v[part], decode=False)  # fmt: skip
 
     def _run(self, index, q, k, raw_k, v, *, decode: bool) -> torch.Tensor:
-        """Rows of pages ``index (B,)`` through one step: one token per row (``decode``) or
-        one request's ``L`` tokens (``B == 1``). Token-major ``(B * L, H * D)`` in and out."""
+        """Rows of pages ``index (B,)`` through one step: one token per row (``decode``, in
+        place on the pool's pages) or one request's ``L`` tokens (``B == 1``, on a copy of its
+        page written back). Token-major ``(B * L, H * D)`` in and out."""
         rows = index.shape[0]
         length = q.shape[0] // rows
 
         def heads(x: torch.Tensor, n: int) -> torch.Tensor:  # (B * L, n * D) -> (B, n, L, D)
             return x.view(rows, length, n, self.head_dim).transpose(1, 2)
 
-        state = gather_rows(self.pool, index)
-        step = decode_step if decode else chunk_step
-        out = step(
-            state, heads(q, self.num_heads), heads(k, self.num_kv_heads),
-            heads(raw_k, self.num_kv_heads), heads(v, self.num_kv_heads),
-            scorer=self.scorer, config=self.config, scale=self.scale,
-        )  # fmt: skip
-        scatter_rows_(self.pool, index, state)
+        inputs = (heads(q, self.num_heads), heads(k, self.num_kv_heads),
+                  heads(raw_k, self.num_kv_heads), heads(v, self.num_kv_heads))  # fmt: skip
+        settings = dict(scorer=self.scorer, config=self.config, scale=self.scale)
+        if decode:
+            out = decode_step(pool_state(self.pool), *inputs, rows=index, **settings)
+        else:
+            state = gather_rows(self.pool, index)
+            out = chunk_step(state, *inputs, **settings)
+            scatter_rows_(self.pool, index, state)
         return out.transpose(1, 2).reshape(rows * length, self.num_heads * self.head_dim)
 
 

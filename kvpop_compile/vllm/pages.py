@@ -80,6 +80,12 @@ def bind_pages(raw: torch.Tensor, layout: tuple[PageField, ...]) -> dict[str, to
     return views
 
 
+def pool_state(pool: dict[str, torch.Tensor]) -> BoundedCacheState:
+    """The whole pool as a state of ``P`` pages, made of the views themselves (no copy): what
+    :func:`~kvpop_compile.runtime.decode_step.decode_step` steps in place with ``rows``."""
+    return BoundedCacheState(**{f.name: pool[f.name] for f in fields(BoundedCacheState)})
+
+
 def gather_rows(pool: dict[str, torch.Tensor], index: torch.Tensor) -> BoundedCacheState:
     """The state of pages ``index`` (``(B,)`` int64) as a batch of ``B`` rows (a copy)."""
     return BoundedCacheState(**{f.name: pool[f.name][index] for f in fields(BoundedCacheState)})

@@ -49,3 +49,38 @@ def require_contiguous(**tensors: torch.Tensor) -> None:
                 f"{name} must be contiguous for the Triton kernel, got strides "
                 f"{tuple(tensor.stride())}"
             )
+
+
+def pages_contiguous(tensor: torch.Tensor) -> bool:
+    """Whether each page ``tensor[p]`` of a ``(P, ...)`` tensor is contiguous, whatever the
+    stride between pages (``Tensor.is_contiguous`` of one page, read from the strides alone)."""
+    if tensor.numel() == 0:  # nothing to address (a scorer without a per-slot statistic)
+        return True
+    expected = 1
+    for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:]), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def require_contiguous_pages(**tensors: torch.Tensor) -> None:
+    """A kernel with a state-index indirection addresses page ``rows[b]`` of a ``(P, ...)``
+    tensor by the page stride and everything inside the page by flat offsets: pages may lie
+    anywhere apart (views of a server's pool), but each must be contiguous."""
+    for name, tensor in tensors.items():
+        if not pages_contiguous(tensor):
+            raise ValueError(
+                f"each page of {name} must be contiguous for the Triton kernel, got shape "
+                f"{tuple(tensor.shape)} with strides {tuple(tensor.stride())}"
+            )
+
+
+@triton.jit
+def page_index(rows, batch, HAS_ROWS: tl.constexpr):
+    """The page that batch row ``batch`` (int64) reads and writes: ``rows[batch]`` under a
+    state-index indirection, otherwise the row itself."""
+    page = batch
+    if HAS_ROWS:
+        page = tl.load(rows + batch)
+    return page

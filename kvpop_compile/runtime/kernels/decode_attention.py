@@ -8,7 +8,8 @@ partial (max, sum, weighted values) for its chunk, and a second kernel combines 
 program per query row — with batch 1 and 8 KV heads there would otherwise be 8 programs on a
 GPU of 100+ SMs. When asked, it also returns each query head's attention to every slot (the
 attention-fed scorers' input): the first kernel writes raw scores, and a third kernel, over the
-same chunks, normalises them with each row's log-sum-exp.
+same chunks, normalises them with each row's log-sum-exp. With a state-index indirection
+(``HAS_ROWS``) query row ``b`` reads page ``rows[b]`` of the cache, found by the page stride.
 Reference: :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
 """
 
@@ -20,7 +21,13 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..reference.attention import query_group
-from .common import dot_precision, next_power_of_2, online_logsumexp
+from .common import (
+    dot_precision,
+    next_power_of_2,
+    online_logsumexp,
+    page_index,
+    pages_contiguous,
+)
 
 BLOCK_SLOTS = 64
 MIN_CHUNK_TILES = 2
@@ -28,15 +35,22 @@ MIN_CHUNK_TILES = 2
 
 @triton.jit
 def _partial_kernel(
-    q, keys, values, positions, scores_out, part_max, part_sum, part_acc,
-    scale, capacity, dim, group, chunk, splits,
+    q, keys, values, positions, scores_out, part_max, part_sum, part_acc, rows,
+    # Elements between consecutive pages (batch rows) of the cache tensors.
+    page_keys, page_values, page_positions,
+    scale, kv_heads, capacity, dim, group, chunk, splits,
     BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
-    WRITE_SCORES: tl.constexpr, PRECISION: tl.constexpr,
+    WRITE_SCORES: tl.constexpr, PRECISION: tl.constexpr, HAS_ROWS: tl.constexpr,
 ):  # fmt: skip
     # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
     # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
     scale = tl.cast(scale, tl.float32)
-    head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
+    head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head) of the queries
+    page = page_index(rows, head // kv_heads, HAS_ROWS)
+    kv_head = head % kv_heads
+    keys += page * page_keys + kv_head * capacity * dim
+    values += page * page_values + kv_head * capacity * dim
+    positions += page * page_positions + kv_head * capacity
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_G)
     features = tl.arange(0, BLOCK_D)
@@ -54,11 +68,11 @@ def _partial_kernel(
     for start in range(begin, end, BLOCK_C):
         slots = start + tl.arange(0, BLOCK_C)
         in_chunk = slots < end
-        tile = (head * capacity + slots[:, None]) * dim + features[None, :]
+        tile = slots[:, None] * dim + features[None, :]
         tile_mask = in_chunk[:, None] & in_dim[None, :]
         key = tl.load(keys + tile, mask=tile_mask, other=0.0).to(query.dtype)
         value = tl.load(values + tile, mask=tile_mask, other=0.0).to(query.dtype)
-        position = tl.load(positions + head * capacity + slots, mask=in_chunk, other=-1)
+        position = tl.load(positions + slots, mask=in_chunk, other=-1)
         score = tl.dot(query, tl.trans(key), input_precision=PRECISION) * scale
         score = tl.where((position >= 0)[None, :], score, float("-inf"))
         if WRITE_SCORES:
@@ -142,6 +156,7 @@ def bounded_decode_attention(
     scale: float,
     with_probs: bool = True,
     splits: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
 
@@ -149,6 +164,9 @@ def bounded_decode_attention(
         q: ``(B, Hq, 1, D)``; keys, values: ``(B, Hkv, C, D)``; positions: ``(B, Hkv, C)``.
         with_probs: also return the attention probabilities (else an empty ``(B, Hkv, G, 0)``).
         splits: number of slot chunks (split-K); default from the GPU's SM count.
+        rows: ``(B,)`` int64 or ``None``: the cache has ``P`` pages and query ``b`` reads page
+            ``rows[b]``. Pages may lie at any stride (views of a pool); a page that is not
+            contiguous is copied.
 
     Returns:
         ``out (B, Hq, 1, D)`` in ``q.dtype``, ``probs (B, Hkv, G, C)`` float32.
@@ -166,11 +184,13 @@ def bounded_decode_attention(
     splits = max(1, triton.cdiv(capacity, chunk))
     block_g, block_d = next_power_of_2(group, 16), next_power_of_2(dim, 16)
     device = q.device
-    keys, values = keys.contiguous(), values.contiguous()
+    # Pages are addressed by their stride, so only a page that is strided inside needs a copy.
+    keys, values, positions = (
+        t if pages_contiguous(t) else t.contiguous() for t in (keys, values, positions)
+    )
     # The cache is read in its own dtype and converted per tile, never copied.
     compute = torch.promote_types(torch.promote_types(q.dtype, keys.dtype), values.dtype)
     q_rows = q.to(compute).contiguous()
-    positions = positions.contiguous()
     part_max = torch.empty(heads, group, splits, device=device)
     part_sum = torch.empty(heads, group, splits, device=device)
     part_acc = torch.empty(heads, group, splits, dim, device=device)
@@ -181,9 +201,11 @@ def bounded_decode_attention(
     precision = dot_precision(compute)
     wrap_triton(_partial_kernel)[(heads, splits)](
         q_rows, keys, values, positions, probs, part_max, part_sum, part_acc,
-        scale, capacity, dim, group, chunk, splits,
+        positions if rows is None else rows.contiguous(),  # read only with HAS_ROWS
+        keys.stride(0), values.stride(0), positions.stride(0),
+        scale, kv_heads, capacity, dim, group, chunk, splits,
         BLOCK_G=block_g, BLOCK_C=BLOCK_SLOTS, BLOCK_D=block_d,
-        WRITE_SCORES=with_probs, PRECISION=precision,
+        WRITE_SCORES=with_probs, PRECISION=precision, HAS_ROWS=rows is not None,
     )  # fmt: skip
     wrap_triton(_combine_kernel)[(heads * group,)](
         out, row_lse, part_max, part_sum, part_acc, dim, splits,

@@ -18,7 +18,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..reference.memory_scorer import memory_weights
-from .common import next_power_of_2, require_contiguous
+from .common import next_power_of_2, page_index, require_contiguous, require_contiguous_pages
 
 # The reference's RMS-norm epsilon (:func:`~..reference.scorer_layers.rms_normalize`).
 RMS_EPS = 1e-6
@@ -53,13 +53,17 @@ def _elu_plus_one(x):
 @triton.jit
 def _memory_scorer_step_kernel(
     state, key, value, leaving_key, leaving_value,
-    w_key, w_value, w_query, w_gates, b_gates, w1, b1, w2, b2, rhat,
+    w_key, w_value, w_query, w_gates, b_gates, w1, b1, w2, b2, rhat, rows, page_stride,
     heads, dim, key_dim, value_dim, hidden, eps,
     BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_HIDDEN: tl.constexpr,
+    BLOCK_HIDDEN: tl.constexpr, HAS_ROWS: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
+    row = tl.program_id(0).to(tl.int64)  # flat (batch, kv head) of the step's inputs
     head = row % heads
+    # This (page, head)'s state: page ``rows[b]`` under a state-index indirection.
+    state += (
+        page_index(rows, row // heads, HAS_ROWS) * page_stride + head * (value_dim + 1) * key_dim
+    )
     r = tl.arange(0, BLOCK_R)
     v = tl.arange(0, BLOCK_V)  # memory rows: dv values, then the normaliser
     j = tl.arange(0, 2)
@@ -83,7 +87,7 @@ def _memory_scorer_step_kernel(
     gate = tl.sum(tl.where(j == 1, tl.sigmoid(gates), 0.0), axis=0)
 
     # The rank-one update of the state (dv + 1, r), read and written once.
-    cells = (row * (value_dim + 1) + v[:, None]) * key_dim + r[None, :]
+    cells = v[:, None] * key_dim + r[None, :]
     in_state = (v[:, None] < value_dim + 1) & (r[None, :] < key_dim)
     memory = tl.load(state + cells, mask=in_state, other=0.0)
     memory = forget * memory + gate * stored[:, None] * phi_k[None, :]
@@ -125,24 +129,32 @@ def memory_scorer_step(
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
     weights: list[torch.Tensor],
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton version of
     :func:`~kvpop_compile.runtime.reference.memory_scorer.memory_scorer_step_`, same arguments
     and shapes: ``state (B, H, dv + 1, r)`` float32 (contiguous, updated in place), the new and
     the leaving token's ``key, value (B, H, D)``, the ``weights`` list of
-    :mod:`~kvpop_compile.runtime.reference.memory_scorer`. Returns ``rhat (B, H)`` float32."""
-    require_contiguous(state=state)
+    :mod:`~kvpop_compile.runtime.reference.memory_scorer`. Returns ``rhat (B, H)`` float32. With
+    ``rows (B,)`` int64 the state has ``P`` pages, each contiguous, at any page stride, and
+    token ``b`` updates page ``rows[b]``."""
+    if rows is None:
+        require_contiguous(state=state)
+    else:
+        require_contiguous_pages(state=state)
     if state.dtype != torch.float32:
         raise ValueError(f"the memory scorer's state must be float32, got {state.dtype}")
     weights = [w.contiguous() for w in memory_weights(weights)]
-    batch, heads, rows, key_dim = state.shape
-    dim, value_dim, hidden = key.shape[-1], rows - 1, weights[5].shape[-1]  # w1: (H, in, hidden)
+    (heads, cells, key_dim), batch = state.shape[1:], key.shape[0]
+    dim, value_dim, hidden = key.shape[-1], cells - 1, weights[5].shape[-1]  # w1: (H, in, hidden)
     rhat = torch.empty(batch, heads, device=state.device, dtype=torch.float32)
     wrap_triton(_memory_scorer_step_kernel)[(batch * heads,)](
         state, key.contiguous(), value.contiguous(), leaving_key.contiguous(),
         leaving_value.contiguous(), *weights, rhat,
+        rhat if rows is None else rows.contiguous(), state.stride(0),  # rows: read with HAS_ROWS
         heads, dim, key_dim, value_dim, hidden, RMS_EPS,
         BLOCK_D=next_power_of_2(dim), BLOCK_R=next_power_of_2(key_dim),
-        BLOCK_V=next_power_of_2(rows), BLOCK_HIDDEN=next_power_of_2(hidden),
+        BLOCK_V=next_power_of_2(cells), BLOCK_HIDDEN=next_power_of_2(hidden),
+        HAS_ROWS=rows is not None,
     )  # fmt: skip
     return rhat

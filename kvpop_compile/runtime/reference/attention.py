@@ -108,6 +108,7 @@ def bounded_decode_attention(
     positions: torch.Tensor,
     *,
     scale: float,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One query token per sequence against the bounded cache.
 
@@ -116,12 +117,17 @@ def bounded_decode_attention(
         keys, values: ``(B, Hkv, C, D)`` cache slots ``[sinks | pool | window]``.
         positions: ``(B, Hkv, C)`` int64 token position per slot, ``-1`` for an empty slot.
         scale: softmax scale.
+        rows: ``(B,)`` int64 or ``None``: the cache has ``P`` pages (``keys, values
+            (P, Hkv, C, D)``, ``positions (P, Hkv, C)``) and query ``b`` reads page
+            ``rows[b]``.
 
     Returns:
         ``out (B, Hq, 1, D)`` in ``q.dtype`` and ``probs (B, Hkv, group, C)`` float32, the
         attention of each query head to every slot (0 on empty slots), which the
         attention-fed scorers consume.
     """
+    if rows is not None:
+        keys, values, positions = (t.index_select(0, rows) for t in (keys, values, positions))
     batch, q_heads, _, dim = q.shape
     kv_heads = keys.shape[1]
     group = query_group(q_heads, kv_heads)

@@ -14,16 +14,17 @@ import torch
 from .eviction import enters_pool, weakest_slot
 
 
-def _rows(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(
+    cache: torch.Tensor, rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Index tensors ``(B, 1)`` and ``(1, H)`` that address one row per (batch, head) of a
-    ``(B, H, ...)`` cache tensor. Updates go through ``index_put_`` with them, which Inductor
-    performs in place on the cache; a ``scatter_`` or ``index_copy_`` into the cache is compiled
-    as a copy of the whole cache every step."""
+    ``(B, H, ...)`` cache tensor, or of pages ``rows (B,)`` of a ``(P, H, ...)`` one. Updates
+    go through ``index_put_`` with them, which Inductor performs in place on the cache; a
+    ``scatter_`` or ``index_copy_`` into the cache is compiled as a copy of the whole cache
+    every step."""
     batch, heads = cache.shape[:2]
-    return (
-        torch.arange(batch, device=cache.device)[:, None],
-        torch.arange(heads, device=cache.device)[None, :],
-    )
+    pages = torch.arange(batch, device=cache.device) if rows is None else rows
+    return pages[:, None], torch.arange(heads, device=cache.device)[None, :]
 
 
 def evict_into_pool_(
@@ -39,6 +40,7 @@ def evict_into_pool_(
     priority: torch.Tensor,
     sinks: int,
     topk: int,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """Move the token leaving the window into the pool if it enters it, in place.
 
@@ -47,6 +49,8 @@ def evict_into_pool_(
             priorities ``(B, H, K)`` pool priorities; statistic ``(B, H, C)`` or ``(B, H, 0)``.
         leaving_key, leaving_value: ``(B, H, D)``; leaving_position ``(B, H)`` (-1: no token);
             leaving_statistic ``(B, H)``; priority ``(B, H)`` its priority.
+        rows: ``(B,)`` int64 or ``None``: the cache tensors have ``P`` pages and row ``b``'s
+            token goes into page ``rows[b]``.
 
     Argmin over the pool, compare, conditional overwrite of key, value, position, priority (and
     attention statistic), per (batch, head). A free slot is always taken; a token that loses is
@@ -55,13 +59,16 @@ def evict_into_pool_(
     if topk == 0:
         return
     pool_positions = positions[..., sinks : sinks + topk]
-    weakest = weakest_slot(priorities, pool_positions)  # (B, H, 1)
-    old_priority = priorities.gather(2, weakest)
+    pool_priorities = priorities
+    if rows is not None:
+        pool_positions, pool_priorities = pool_positions[rows], priorities[rows]
+    weakest = weakest_slot(pool_priorities, pool_positions)  # (B, H, 1)
+    old_priority = pool_priorities.gather(2, weakest)
     old_position = pool_positions.gather(2, weakest)
     new_priority = priority.unsqueeze(-1).to(priorities.dtype)
     new_position = leaving_position.unsqueeze(-1)
     wins = enters_pool(new_priority, new_position, old_priority, old_position)  # (B, H, 1)
-    rows = _rows(keys)
+    rows = _rows(keys, rows)
     at_slot = (*rows, (weakest + sinks).squeeze(-1))  # (B, H) indices of the weakest slot
     keep = wins.squeeze(-1)  # (B, H)
 
@@ -98,17 +105,19 @@ def write_new_token_(
     sinks: int,
     topk: int,
     window: int,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """Write each row's token at its position ``seen (B,)`` (``key, raw_key, value
     (B, H, 1, D)``), in place: into sink slot ``seen`` while ``seen < sinks``, otherwise into
-    its window ring slot."""
+    its window ring slot; with ``rows (B,)``, into page ``rows[b]`` of ``P``-page cache
+    tensors."""
     ring, ring_slot = window_slot(seen, sinks, topk, window)
     slot = torch.where(seen < sinks, seen, ring_slot)
-    rows = _rows(keys)
+    rows = _rows(keys, rows)
     at_slot, at_ring = (*rows, slot.view(-1, 1)), (*rows, ring.view(-1, 1))  # (B, H) each
     keys.index_put_(at_slot, key[:, :, 0].to(keys.dtype))
     values.index_put_(at_slot, value[:, :, 0].to(values.dtype))
-    positions.index_put_(at_slot, seen.view(-1, 1).expand(*positions.shape[:2]))
+    positions.index_put_(at_slot, seen.view(-1, 1).expand(rows[0].shape[0], positions.shape[1]))
     window_keys.index_put_(at_ring, raw_key[:, :, 0].to(window_keys.dtype))
     if statistic.shape[-1]:
         statistic.index_put_(at_slot, torch.zeros((), dtype=statistic.dtype, device=keys.device))
@@ -133,16 +142,18 @@ def update_cache_(
     sinks: int,
     topk: int,
     window: int,
+    rows: torch.Tensor | None = None,
 ) -> None:
     """One decode step's cache update, in place: :func:`evict_into_pool_` of the leaving token,
     then :func:`write_new_token_` of the new one into the ring slot it vacated (shapes as
-    there). The two touch different slots, so the order only matters for the leaving token's
-    copies, which the caller has already read."""
+    there; with ``rows (B,)`` the cache tensors have ``P`` pages and row ``b`` updates page
+    ``rows[b]``). The two touch different slots, so the order only matters for the leaving
+    token's copies, which the caller has already read."""
     evict_into_pool_(
         keys, values, positions, priorities, statistic, leaving_key, leaving_value,
-        leaving_position, leaving_statistic, priority, sinks, topk,
+        leaving_position, leaving_statistic, priority, sinks, topk, rows,
     )  # fmt: skip
     write_new_token_(
         keys, values, positions, window_keys, statistic, seen, key, raw_key, value,
-        sinks, topk, window,
+        sinks, topk, window, rows,
     )  # fmt: skip

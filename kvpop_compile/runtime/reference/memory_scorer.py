@@ -97,17 +97,25 @@ def memory_scorer_step_(
     leaving_key: torch.Tensor,
     leaving_value: torch.Tensor,
     weights: list[torch.Tensor],
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step of the ``memory`` scorer, in place: the new token ``key, value (B, H,
     D)`` (pre-RoPE key) updates ``state (B, H, dv + 1, r)`` float32, then the token leaving the
     window, ``leaving_key, leaving_value (B, H, D)``, is read against the updated state.
-    ``weights``: the scorer's, as :data:`MEMORY_WEIGHTS` orders them.
+    ``weights``: the scorer's, as :data:`MEMORY_WEIGHTS` orders them. With ``rows (B,)`` int64
+    the state has ``P`` pages, ``(P, H, dv + 1, r)``, and token ``b`` updates page ``rows[b]``.
 
     Returns:
         ``rhat (B, H)`` float32, the leaving token's score.
     """
     w_key, w_value, w_query, w_gates, b_gates, w1, b1, w2, b2 = memory_weights(weights)
     x = token_features(key, value)
-    state.copy_(memory_update(state, x, w_key, w_value, w_gates, b_gates))
+    current = state if rows is None else state.index_select(0, rows)
+    updated = memory_update(current, x, w_key, w_value, w_gates, b_gates)
+    if rows is None:
+        state.copy_(updated)
+        updated = state
+    else:
+        state.index_copy_(0, rows, updated)
     leaving = token_features(leaving_key, leaving_value)
-    return memory_readout(leaving, memory_read(state, leaving, w_query), w1, b1, w2, b2)
+    return memory_readout(leaving, memory_read(updated, leaving, w_query), w1, b1, w2, b2)

@@ -10,9 +10,10 @@ One interface serves decode and prefill:
 * ``update_state(state, k, v)`` → the state after seeing the new token ``(k, v)``: ``(B, H, D)``.
 * ``score(state, k, v, position)`` → ``(B, H)`` score of the token leaving the window, read
   against the state *after* the update of the current step (the delay of design.md §3).
-* ``update_and_score_(state, k, v, leaving_k, leaving_v, leaving_position)`` → ``(B, H)``: the
-  two above as a decode step runs them, ``state`` updated in place (one fused op where a
-  scorer has one).
+* ``update_and_score_(state, k, v, leaving_k, leaving_v, leaving_position, rows=None)`` →
+  ``(B, H)``: the two above as a decode step runs them, ``state`` updated in place (one fused
+  op where a scorer has one); with ``rows (B,)``, ``state`` has ``P`` pages and row ``b``
+  updates page ``rows[b]``.
 * ``score_chunk(state, k, v, leaving_k, leaving_v, leaving_position)`` → ``(B, H, L)`` scores
   of the tokens leaving the window at each of ``L`` steps, plus the state after them: a prompt
   chunk's prefill, equal to ``L`` decode steps.
@@ -62,12 +63,19 @@ class Scorer(nn.Module):
         leaving_k: torch.Tensor,
         leaving_v: torch.Tensor,
         leaving_position: torch.Tensor,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A decode step's scorer work: the new token ``k, v (B, H, D)`` updates ``state``
         in place, then the leaving token ``leaving_k, leaving_v (B, H, D)`` at
-        ``leaving_position (B, H)`` is scored against it: ``rhat (B, H)``."""
-        state.copy_(self.update_state(state, k, v))
-        return self.score(state, leaving_k, leaving_v, leaving_position)
+        ``leaving_position (B, H)`` is scored against it: ``rhat (B, H)``. With ``rows (B,)``
+        int64, ``state`` is ``(P, H, *state_shape)`` and row ``b`` reads and writes page
+        ``rows[b]``."""
+        if rows is None:
+            state.copy_(self.update_state(state, k, v))
+            return self.score(state, leaving_k, leaving_v, leaving_position)
+        updated = self.update_state(state.index_select(0, rows), k, v)
+        state.index_copy_(0, rows, updated)
+        return self.score(updated, leaving_k, leaving_v, leaving_position)
 
     def score_tokens(self, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor):
         """Stateless score of ``k, v (B, H, ..., D)`` at ``position`` (broadcastable):

@@ -84,11 +84,12 @@ class MemoryScorer(Scorer):
         x = token_features(k, v)
         return self._readout(x, memory_read(state, x, self.w_query))
 
-    def update_and_score_(self, state, k, v, leaving_k, leaving_v, leaving_position):
+    def update_and_score_(self, state, k, v, leaving_k, leaving_v, leaving_position, rows=None):
         """The decode step's update and score as one ``kvpop::memory_scorer_step`` op: one
-        kernel launch per layer on a GPU instead of some thirty small ones."""
+        kernel launch per layer on a GPU instead of some thirty small ones (on pages ``rows``
+        of the state when given)."""
         return torch.ops.kvpop.memory_scorer_step(
-            state, k, v, leaving_k, leaving_v, self.step_weights()
+            state, k, v, leaving_k, leaving_v, self.step_weights(), rows
         )
 
     def score_chunk(self, state, k, v, leaving_k, leaving_v, leaving_position):
