@@ -144,6 +144,26 @@ def test_a_learned_method_keeps_the_window_and_sizes_its_scorer_was_saved_with(t
         methods(("memory",), ("88%",), length=1024, scorer_root=tmp_path)
 
 
+def test_a_learned_method_runs_with_the_lam_its_scorer_was_saved_with(tmp_path):
+    recent = dataclasses.replace(budget_config("mlp", 256), lam=0.003)
+    kc.save_scorer(kc.transform(tiny_qwen3(), recent), tmp_path / "mlp-256")
+    listed = methods(("mlp", "memory", "window"), ("88%",), scorer_root=tmp_path)
+    # mlp-256 says 0.003; memory-256 is missing and a heuristic has no recency term.
+    assert [(m.name, m.lam) for m in listed[1:]] == [
+        ("mlp @ 88%", 0.003), ("memory @ 88%", 0.0), ("window @ 88%", 0.0),
+    ]  # fmt: skip
+    assert listed[1].record() == {"policy": "mlp", "budget": "88%", "lam": 0.003}
+    assert listed[3].record() == {"policy": "window", "budget": "88%"}  # as files before
+    # A results row of the scorer before it had a recency term describes another method.
+    assert listed[1].differs_from({"policy": "mlp", "budget": "88%"}) == ("lam", 0.0, 0.003)
+    assert build_model(tiny_qwen3(), listed[1], scorer_root=tmp_path).kvpop_config == recent
+    assert method_notes({m.name: m.record() for m in listed}) == [
+        "lam (a token's priority rises by lam per position, so newer tokens are kept first "
+        "among equal scores): mlp @ 88% 0.003, the lam each trained scorer was saved with; "
+        "every other method has none"
+    ]
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """Two sequences, `memory` (the shipped scorer) and `window` at 88%, all protocols."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import require_int
-from ..embedded.corpus import encode, read_bytes, split_files
+from ..embedded.corpus import encode, read_bytes, split_files, validation_files
 
 SEQUENCE_LENGTH = 2048
 """Tokens per benchmark sequence (the embedded model's context)."""
@@ -45,20 +45,22 @@ class Sequence:
     byte_tokens: bool = True
 
 
-def held_out_sequences(
+def file_windows(
+    names: list[str],
     count: int | None = None,
     length: int = SEQUENCE_LENGTH,
     per_file: int = 2,
     root: str | Path | None = None,
 ) -> list[Sequence]:
-    """Up to ``count`` sequences (all when None) of ``length + 1`` held-out bytes."""
+    """Up to ``count`` sequences (all when None) of ``length + 1`` bytes of the files ``names``
+    (relative to the standard library ``root``), up to ``per_file`` from each, in order; an
+    empty list when no file is long enough."""
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise ValueError(f"count must be a positive integer or None, got {count!r}")
     require_int("length", length, 2)
     require_int("per_file", per_file, 1)
-    _, held_out = split_files(root)
     sequences = []
-    for name in held_out:
+    for name in names:
         data = read_bytes(name, root)
         # Consecutive windows share one byte: the last target of one is the first input of the
         # next, so no byte of the file between them goes unscored.
@@ -70,6 +72,32 @@ def held_out_sequences(
             sequences.append(Sequence(f"{name}@{start}", encode(window)))
             if count is not None and len(sequences) == count:
                 return sequences
+    return sequences
+
+
+def held_out_sequences(
+    count: int | None = None,
+    length: int = SEQUENCE_LENGTH,
+    per_file: int = 2,
+    root: str | Path | None = None,
+) -> list[Sequence]:
+    """Up to ``count`` sequences (all when None) of ``length + 1`` held-out bytes."""
+    sequences = file_windows(split_files(root)[1], count, length, per_file, root)
     if not sequences:
         raise RuntimeError(f"no held-out file is longer than {length} bytes")
+    return sequences
+
+
+def validation_sequences(
+    count: int | None = None,
+    length: int = SEQUENCE_LENGTH,
+    per_file: int = 2,
+    root: str | Path | None = None,
+) -> list[Sequence]:
+    """Up to ``count`` sequences of ``length + 1`` bytes of the standard library's test folder
+    (:func:`~kvpop_compile.embedded.corpus.validation_files`): text to choose among trained
+    scorers on, never trained on and never asked about by a benchmark."""
+    sequences = file_windows(validation_files(root), count, length, per_file, root)
+    if not sequences:
+        raise RuntimeError(f"no validation file is longer than {length} bytes")
     return sequences

@@ -28,7 +28,7 @@ KEPT_FRACTION = {"75%": 4, "88%": 8}
 """Compression label -> how many times the sequence is longer than the capacity."""
 
 
-_UNWRITTEN = {"priority_span": 0, "window": WINDOW}
+_UNWRITTEN = {"priority_span": 0, "window": WINDOW, "lam": 0.0}
 """A method's settings that :meth:`Method.record` leaves out of a file when they take these
 values, as every row did before they could differ."""
 
@@ -80,13 +80,15 @@ def scorer_folder(policy: str, capacity: int, root: str | Path | None = None) ->
 class Method:
     """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention) of
     sequences of ``length`` tokens, its scores spread over ``priority_span`` tokens
-    (``KVpopConfig.priority_span``), the ``window`` most recent tokens always kept."""
+    (``KVpopConfig.priority_span``), the ``window`` most recent tokens always kept, and ``lam``
+    the recency term of its priority (``KVpopConfig.lam``: a learned scorer's saved one)."""
 
     policy: str | None
     budget: str | None
     length: int = SEQUENCE_LENGTH
     priority_span: int = 0
     window: int = WINDOW
+    lam: float = 0.0
 
     def record(self) -> dict:
         """What a results file says of the method: policy, budget, and a span or window where
@@ -132,7 +134,8 @@ def methods(
     each learned method takes the span its trained scorer under ``scorer_root`` was saved with
     (default root: the scorers shipped with the embedded model). A learned method keeps the
     window its trained scorer was saved with, whatever ``priority_span`` says; every other
-    method keeps :data:`WINDOW`.
+    method keeps :data:`WINDOW`. A learned method also keeps its saved scorer's ``lam``: the
+    recency term is part of the priority the scorer was trained and chosen with.
 
     Unknown names raise ``ValueError``, and so does a ``length`` that leaves a budget no pool
     slot beyond the sinks and window.
@@ -160,7 +163,8 @@ def methods(
         if span is None:
             span = config.priority_span if config is not None else 0
         window = config.window if config is not None else WINDOW
-        return Method(policy, budget, length, span, window)
+        lam = config.lam if config is not None else 0.0
+        return Method(policy, budget, length, span, window, lam)
 
     listed = [Method(None, None, length)] + [method(p, b) for b in budgets for p in policies]
     for m in listed[1:]:
@@ -176,8 +180,8 @@ def methods(
 
 def method_notes(records: dict) -> list[str]:
     """Lines naming the methods of ``records`` (a results file's ``methods``) that spread their
-    scores (``priority_span``) or keep another window than :data:`WINDOW`; none when no
-    method did."""
+    scores (``priority_span``), keep another window than :data:`WINDOW` or add a recency term
+    (``lam``); none when no method did."""
     notes = []
     spread = {name: r["priority_span"] for name, r in records.items() if r.get("priority_span")}
     if spread:
@@ -193,6 +197,14 @@ def method_notes(records: dict) -> list[str]:
         notes.append(
             f"window (the most recent tokens always kept, inside the budget): {windows}, the "
             f"window each trained scorer was saved with; every other method keeps {WINDOW}"
+        )
+    recency = {name: r["lam"] for name, r in records.items() if r.get("lam")}
+    if recency:
+        lams = ", ".join(f"{name} {lam:g}" for name, lam in recency.items())
+        notes.append(
+            f"lam (a token's priority rises by lam per position, so newer tokens are kept "
+            f"first among equal scores): {lams}, the lam each trained scorer was saved with; "
+            "every other method has none"
         )
     return notes
 
@@ -259,6 +271,7 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     if method.policy is None:
         return original
     config = budget_config(method.policy, method.capacity, method.priority_span, method.window)
+    config = dataclasses.replace(config, lam=method.lam)
     if not config.scorer.learned:
         return transform(copy.deepcopy(original), config)
     folder = trained_scorer(method, scorer_root)

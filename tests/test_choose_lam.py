@@ -1,0 +1,114 @@
+"""``scripts/choose_lam.py``: a saved scorer's recency term chosen on validation text and recall."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from script_support import load_script
+
+import kvpop_compile as kc
+from kvpop_compile.embedded import load_embedded_model
+from kvpop_compile.evaluation.data import validation_sequences
+from kvpop_compile.evaluation.long_range import long_range_targets
+from kvpop_compile.evaluation.methods import WINDOW, budget_config, scorer_folder
+from kvpop_compile.evaluation.protocols import teacher_forced
+from kvpop_compile.scorer_io import saved_config, tensors_sha256
+
+
+def _script():
+    return load_script("scripts/choose_lam.py")
+
+
+def _copy_of_shipped(tmp_path: Path) -> Path:
+    folder = tmp_path / "memory-256"
+    shutil.copytree(scorer_folder("memory", 256), folder)
+    return folder
+
+
+def _measure(recall: float, margin_all: float, margin_long: float) -> dict:
+    return {"recall": recall, "text_margin": {"all": margin_all, "long_range": margin_long}}
+
+
+def test_best_recall_among_values_that_keep_windows_text_else_the_closest_to_it():
+    kept = _script().kept_lam
+    # 0 loses text to the window; 0.01 and 0.03 keep it, and 0.01 recalls more.
+    measured = {0.0: _measure(0.9, -0.02, -0.05), 0.01: _measure(0.6, 0.0, 0.001),
+                0.03: _measure(0.4, 0.01, 0.02)}  # fmt: skip
+    assert kept(measured, saved=0.0) == 0.01
+    # A margin on long-range targets below 0 disqualifies however high the recall.
+    measured[0.01] = _measure(0.95, 0.01, -0.001)
+    assert kept(measured, saved=0.0) == 0.03
+    # None keeps window's text: the one whose worse margin is least negative.
+    none = {0.0: _measure(0.9, -0.02, -0.05), 0.01: _measure(0.5, -0.001, -0.004),
+            0.03: _measure(0.2, 0.002, -0.006)}  # fmt: skip
+    assert kept(none, saved=0.0) == 0.01
+    # Among eligible values the saved one stays on a tie (a lead of at most 1e-4).
+    tie = {0.0: _measure(0.9, 0.0, 0.0), 0.01: _measure(0.90005, 0.01, 0.01)}
+    assert kept(tie, saved=0.0) == 0.0
+    with pytest.raises(ValueError, match=r"non-finite recall measure at lam \[0.01\]"):
+        kept({0.0: _measure(0.9, 0, 0), 0.01: _measure(float("nan"), 0, 0)}, saved=0.0)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ("--lams -0.1 0", "--lams must be finite numbers >= 0, got -0.1"),
+        ("--lams inf 0", "--lams must be finite numbers >= 0, got inf"),
+        ("--lams 0.01 0.01 0", "lists a value twice: 0.01 0.01 0"),
+        ("--lams 0.01 0.02", "--lams 0.01 0.02 leaves out 0, the lam the folder is saved with"),
+        ("--lams 0 --sequences 0", "--sequences must be 1 or more, got 0"),
+        ("--lams 0 --items 0", "--items must be 1 or more, got 0"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(tmp_path, arguments, message):
+    folder = _copy_of_shipped(tmp_path)
+    with pytest.raises(SystemExit, match=message):
+        _script().main([str(folder), *arguments.split()])
+
+
+def test_text_measure_is_teacher_forced_accuracy_and_the_folder_keeps_the_rules_choice(
+    tmp_path, monkeypatch
+):
+    script = _script()
+    folder = _copy_of_shipped(tmp_path)
+    saved = saved_config(folder)
+    recalls = {0.0: 0.5, 0.05: 0.4}
+
+    def fixed_recall(model_path, config, groups, measure):
+        return lambda scorer: recalls[config.lam]
+
+    monkeypatch.setattr(script, "recall_selection", fixed_recall)
+    script.main([str(folder), "--lams", "0", "0.05", "--sequences", "2", "--items", "1"])
+    record = json.loads((folder / "training.json").read_text())["lam_selection"]
+    # The text figures are those of an independent teacher-forced pass over the same windows.
+    sequences = validation_sequences(2, per_file=1)
+    assert record["text"]["sequences"] == [s.source for s in sequences]
+    ids = torch.stack([s.ids for s in sequences])
+    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
+
+    def accuracy(model) -> dict:
+        correct = teacher_forced(model, ids).correct.double()
+        lr = long_range.double()
+        return {
+            "all": correct.mean().item(),
+            "long_range": (correct * lr).sum().item() / lr.sum().item(),
+        }
+
+    window = accuracy(kc.transform(load_embedded_model(), budget_config("window", 256)))
+    assert record["text"]["window_policy"] == pytest.approx(window, rel=1e-9)
+    measured = {m["lam"]: m for m in record["measured"]}
+    for lam in (0.0, 0.05):
+        model = kc.transform(load_embedded_model(), dataclasses.replace(saved, lam=lam))
+        kc.load_scorer(model, folder)
+        assert measured[lam]["text"] == pytest.approx(accuracy(model), rel=1e-9)
+        assert measured[lam]["recall"] == recalls[lam]
+    # The rule decides from these measures; the folder holds its choice, same tensors.
+    margins = {
+        lam: _measure(m["recall"], *m["text_margin"].values()) for lam, m in measured.items()
+    }
+    assert record["kept"] == script.kept_lam(margins, 0.0)
+    assert saved_config(folder).lam == record["kept"]
+    assert tensors_sha256(folder) == tensors_sha256(scorer_folder("memory", 256))
