@@ -161,6 +161,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "kvpop-compile eval and demo then use)",
     )  # fmt: skip
     p.add_argument(
+        "--lam", type=float, default=0.0,
+        help="KVpopConfig.lam the scorers are trained and saved with: a priority of rhat + lam "
+        "* position in the loss's decisions and at inference (0: no recency term)",
+    )  # fmt: skip
+    p.add_argument(
         "--train-capacity", type=int, default=None,
         help="train at this capacity and save for each of --capacities (default: each its own)",
     )  # fmt: skip
@@ -292,9 +297,9 @@ def recall_selection(
 
 def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConfig:
     """The benchmark's config for ``policy`` at ``capacity`` and ``window``, with the run's
-    ``--priority-span`` and ``--scorer-hidden``."""
+    ``--priority-span``, ``--lam`` and ``--scorer-hidden``."""
     config = budget_config(policy, capacity, args.priority_span, window)
-    return dataclasses.replace(config, scorer_hidden=args.scorer_hidden)
+    return dataclasses.replace(config, scorer_hidden=args.scorer_hidden, lam=args.lam)
 
 
 def with_tensors(transformed, scorer: Path):
@@ -509,6 +514,7 @@ def main(argv=None) -> None:
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,
                 "priority_span": args.priority_span,
+                "lam": args.lam,
                 "training_files_bytes": sum(len(t.encode()) for t in texts),
                 "init_from": starting_scorer,
                 "held_out_ranking": report.evaluations,

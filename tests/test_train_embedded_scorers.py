@@ -1,5 +1,6 @@
 """``scripts/train_embedded_scorers.py``: a scorer trained at one capacity, saved for another."""
 
+import dataclasses
 import json
 import platform
 
@@ -29,12 +30,16 @@ def test_a_scorer_trained_at_256_is_saved_for_512_and_a_wider_window_with_the_sa
               "--work", str(tmp_path / "work")]  # fmt: skip
     with pytest.raises(SystemExit, match="--windows gives 2 windows for 1 --capacities 512"):
         _script().main([*common, "--capacities", "512", "--windows", "256", "64"])
-    _script().main([*common, "--capacities", "512", "--train-capacity", "256",
-                    "--windows", "256", "--out", str(tmp_path / "out")])  # fmt: skip
+    _script().main([*common, "--capacities", "512", "--train-capacity", "256", "--windows",
+                    "256", "--lam", "0.002", "--out", str(tmp_path / "out")])  # fmt: skip
     folder = tmp_path / "out" / "mlp-512"
-    # Saved for the capacity and window it serves: eval and demo transform with this config.
-    assert saved_config(folder) == budget_config("mlp", 512, priority_span=3, window=256)
+    # Saved for the capacity, window and recency term it serves: eval and demo transform with
+    # this config, and it was trained with the same lam (the work folder's run).
+    want = budget_config("mlp", 512, priority_span=3, window=256)
+    assert saved_config(folder) == dataclasses.replace(want, lam=0.002)
+    assert saved_config(tmp_path / "work" / "mlp-256" / "scorer").lam == 0.002
     record = json.loads((folder / "training.json").read_text())
+    assert record["lam"] == 0.002
     assert (record["capacity"], record["trained_at_capacity"], record["topk"]) == (512, 256, 252)
     assert (record["window"], record["trained_with_window"]) == (256, 64)
     # The weights are the ones trained at 256 (the work folder's scorer), and they load.
