@@ -85,6 +85,16 @@ def test_chunked_prefill_and_mixed_batches_equal_kc_generate(token_prompts, batc
     assert got == kvpop_greedy(token_prompts, config)
 
 
+def test_prompts_of_one_length_prefill_in_one_batched_step_and_equal_kc_generate(token_prompts):
+    # Four prompts of one length scheduled together: their prefill chunks are one batched chunk
+    # step over four pages, and with a 64-token step budget vLLM cuts them into equal chunks.
+    same = [p[:150] for p in token_prompts[1:5]]
+    config = dataclasses.replace(SMALL, scorer="memory", priority_span=3)
+    want = kvpop_greedy(same, config)
+    assert served(same, serve_settings(config=config)) == want
+    assert served(same, serve_settings(config=config), max_num_batched_tokens=64) == want
+
+
 def test_a_pool_smaller_than_the_batch_queues_requests_and_keeps_their_tokens(token_prompts):
     # Two pages per layer for six requests: vLLM admits two at a time, the rest wait for a
     # page, and each request still gets the tokens it gets alone.

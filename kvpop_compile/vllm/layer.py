@@ -5,10 +5,10 @@ page per request (:mod:`.pages`), and vLLM allocates a pool of them, admits requ
 count, and gives each step the pages its requests own (``state_indices``). A step's tokens come
 decodes first, then prefill chunks (vLLM orders them so for state layers). The decode rows
 take one :func:`~kvpop_compile.runtime.decode_step.decode_step` together, on their pages of
-the pool in place (its ``rows``, the step's state indices); each prefill chunk
-continues its request's state with :func:`~kvpop_compile.runtime.chunk_step.chunk_step`, or
-starts it from an empty page when the request has no tokens computed yet (a new request, or
-one vLLM preempted and recomputes).
+the pool in place (its ``rows``, the step's state indices); the prefill chunks, grouped by
+length, continue their requests' states with
+:func:`~kvpop_compile.runtime.chunk_step.chunk_step`, each starting from an empty page when its
+request has no tokens computed yet (a new request, or one vLLM preempted and recomputes).
 
 The step is a registered custom op (``torch.ops.kvpop_vllm.bounded_attention``) that mutates
 its output, so vLLM's ``torch.compile`` graphs see one opaque call per layer.
@@ -95,22 +95,29 @@ class KVpopStateLayer(MambaBase, torch.nn.Module):
             self._prefill(metadata, decodes, q, k, raw_k, v, output)
 
     def _prefill(self, metadata, decodes: int, q, k, raw_k, v, output) -> None:
-        """Each prefill chunk through its request's page, one request after another: chunks
-        differ in length, and a prefill step is rare next to decode steps."""
+        """The step's prefill chunks through their requests' pages: chunks of one length go
+        through one chunk step together (a batch of new prompts of one length, or vLLM's
+        fixed-size chunks of long ones); chunks of other lengths take a step each, since a
+        chunk step runs rows of one length."""
         starts = (metadata.query_start_loc_p + decodes).tolist()
         index = metadata.state_indices_tensor_p.long()
         fresh = ~metadata.has_initial_states_p
         if bool(fresh.any()):
             reset_rows_(self.pool, index[fresh])
+        by_length: dict[int, list[int]] = {}
         for row, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-            part = slice(start, end)
-            output[part] = self._run(index[row : row + 1], q[part], k[part], raw_k[part],
-                                     v[part], decode=False)  # fmt: skip
+            by_length.setdefault(end - start, []).append(row)
+        for length, rows in by_length.items():
+            # The rows' tokens, request after request: the token-major layout _run reads.
+            tokens = torch.cat([torch.arange(starts[r], starts[r] + length) for r in rows])
+            tokens = tokens.to(q.device)
+            output[tokens] = self._run(index[rows], q[tokens], k[tokens], raw_k[tokens],
+                                       v[tokens], decode=False)  # fmt: skip
 
     def _run(self, index, q, k, raw_k, v, *, decode: bool) -> torch.Tensor:
         """Rows of pages ``index (B,)`` through one step: one token per row (``decode``, in
-        place on the pool's pages) or one request's ``L`` tokens (``B == 1``, on a copy of its
-        page written back). Token-major ``(B * L, H * D)`` in and out."""
+        place on the pool's pages) or ``L`` tokens of each of ``B`` requests (on a copy of their
+        pages written back). Token-major ``(B * L, H * D)`` in and out."""
         rows = index.shape[0]
         length = q.shape[0] // rows
 
