@@ -249,7 +249,7 @@ def train_command(args: argparse.Namespace) -> int:
         steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
         loss=args.loss, target=args.target, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, init_from=args.init_from,
-        resume=not args.no_resume,
+        resume=not args.no_resume, recall_fraction=args.recall_fraction,
     )  # fmt: skip
     try:
         report = train_scorer(

@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="what a token's future attention is reduced to over later queries: the mean "
         "(default) or the strongest single query (keeps what one later question needs)",
     )  # fmt: skip
+    trainer.add_argument(
+        "--recall-fraction", type=number(positive=False), default=0.0,
+        help="share of the training sequences that are recall items planted in the data's own "
+        "text (a key bound to a value, a question about it at the end), in [0, 1); default 0",
+    )  # fmt: skip
     trainer.add_argument("--eval-every", type=integer(1), default=50)
     trainer.add_argument("--checkpoint-every", type=integer(1), default=50)
     trainer.add_argument(

@@ -36,11 +36,13 @@ class TrainSettings:
     (the mean or the max of the attention each token receives later). The last
     ``eval_fraction`` of the sequences is held out and evaluated every ``eval_every`` steps; a
     checkpoint is written every ``checkpoint_every`` steps and, with ``resume``, continued.
-    ``seed`` orders the batches. ``mode="distill"`` also fine-tunes the parameters whose names
-    contain one of ``trainable`` (all if ``None``) with KL to the frozen model's top ``kl_top``
-    logits, weighted by ``kl_weight``. ``init_from``: a saved scorer folder the scorers start
-    from instead of a random draw (the same kind, or an ``mlp`` scorer for a ``memory`` one:
-    :mod:`.warm_start`).
+    ``seed`` orders the batches. ``recall_fraction``: that share of the training sequences are
+    recall items planted in the data's own text (:mod:`.recall_data`), beside its plain
+    sequences; the held-out ones stay plain. ``mode="distill"`` also fine-tunes the parameters
+    whose names contain one of ``trainable`` (all if ``None``) with KL to the frozen model's
+    top ``kl_top`` logits, weighted by ``kl_weight``. ``init_from``: a saved scorer folder the
+    scorers start from instead of a random draw (the same kind, or an ``mlp`` scorer for a
+    ``memory`` one: :mod:`.warm_start`).
     """
 
     steps: int = 200
@@ -60,6 +62,7 @@ class TrainSettings:
     seed: int = 0
     resume: bool = True
     init_from: str | os.PathLike | None = None
+    recall_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "eval_every", "checkpoint_every", "kl_top"):
@@ -73,6 +76,11 @@ class TrainSettings:
             raise ValueError(f"eval_fraction must be a number in (0, 1), got {fraction!r}")
         if not 0 < fraction < 1:
             raise ValueError(f"eval_fraction must be in (0, 1), got {fraction}")
+        fraction = self.recall_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ValueError(f"recall_fraction must be a number in [0, 1), got {fraction!r}")
+        if not 0 <= fraction < 1:
+            raise ValueError(f"recall_fraction must be in [0, 1), got {fraction}")
         if not isinstance(self.resume, bool):
             raise ValueError(f"resume must be True or False, got {self.resume!r}")
         if self.init_from is not None:
@@ -110,8 +118,10 @@ class TrainSettings:
             )
 
     def recorded(self, config: KVpopConfig, train_sequences: int) -> dict:
-        """What a checkpoint records of the run, and a resumed run must match."""
-        return {
+        """What a checkpoint records of the run, and a resumed run must match (the recall
+        fraction only when set, so that checkpoints of runs before it existed still resume)."""
+        recall = {"recall_fraction": self.recall_fraction} if self.recall_fraction else {}
+        return recall | {
             "kvpop_config": config.to_dict(),
             "seq_len": self.seq_len, "batch_size": self.batch_size, "lr": self.lr,
             "loss": self.loss.value, "tau": self.tau, "target": self.target.value,

@@ -36,6 +36,7 @@ from ..transform import check_transformable
 from .data import Tokenizer, byte_tokenizer, pack, read_texts, split
 from .distributed import ProcessGroup
 from .objectives import DistillObjective, ScorerObjective
+from .recall_data import recall_sequences
 from .selection import CandidateSelection
 from .settings import TrainMode, TrainSettings
 from .warm_start import check_start, warm_start
@@ -164,8 +165,14 @@ def train_scorer(
         )
     if settings.init_from is not None:
         check_start(settings.init_from, config.scorer)  # before the data is read
-    sequences = pack(read_texts(data), tokenizer or byte_tokenizer, settings.seq_len)
+    texts = read_texts(data)
+    sequences = pack(texts, tokenizer or byte_tokenizer, settings.seq_len)
     train, held_out = split(sequences, settings.eval_fraction)
+    if settings.recall_fraction:
+        fraction = settings.recall_fraction
+        count = round(len(train) * fraction / (1 - fraction))
+        items = recall_sequences(texts, train, tokenizer or byte_tokenizer, count, settings.seed)
+        train = torch.cat([train, items])
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     selection = None if select is None else CandidateSelection(select, output)
