@@ -10,10 +10,15 @@ benchmark reads::
         [--model FOLDER] [--out benchmarks/results/kvpress.json]
 
 With ``--recall`` it asks the recall benchmark's held-out items instead (the same items, built
-by the same call as ``kvpop-compile eval --recall``), and the recall report reads the result::
+by the same call and named by the same family groups as ``kvpop-compile eval --recall``), and
+the recall report reads the result::
 
     python benchmarks/kvpress_eval.py --recall [--items 64] [--lengths 1024,2048]
-        [--protocols prefill,decode] [--out benchmarks/results/kvpress_recall.json]
+        [--families train,held_out] [--protocols prefill,decode]
+        [--out benchmarks/results/kvpress_recall.json]
+
+Items of one group differ in value length and question syntax, so the worker gets each group
+in parts of one shape (:func:`same_shape`) and the driver puts the answers back in item order.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from kvpop_compile.atomic import atomic_write  # noqa: E402
 from kvpop_compile.embedded.corpus import encode  # noqa: E402
 from kvpop_compile.embedded.model import EMBEDDED_MODEL, load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items  # noqa: E402
+from kvpop_compile.embedded.recall_syntax import FAMILY_SPLITS  # noqa: E402
 from kvpop_compile.evaluation.data import (  # noqa: E402
     PROMPT_LENGTH,
     Sequence,
@@ -46,9 +52,11 @@ from kvpop_compile.evaluation.fingerprints import weights_sha256  # noqa: E402
 from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, capacities  # noqa: E402
 from kvpop_compile.evaluation.recall import (  # noqa: E402
+    RECALL_FAMILIES,
     RECALL_PROTOCOLS,
     RECALL_SEED,
     decode_stretch,
+    group_key,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,12 +166,20 @@ def summarise(worker_result: dict, sequences: list[Sequence], prompt_length: int
 
 
 def recall_groups(
-    tasks=TASKS, lengths=CONTEXT_LENGTHS, count: int = 64, seed: int = RECALL_SEED
+    tasks=TASKS,
+    lengths=CONTEXT_LENGTHS,
+    count: int = 64,
+    seed: int = RECALL_SEED,
+    families=RECALL_FAMILIES,
 ) -> dict[str, list[RecallItem]]:
-    """``{"task@length": items}``: the held-out items the recall benchmark asks, by the same
-    call and in the same order as :func:`kvpop_compile.evaluation.recall.run_recall`."""
+    """``{"families/task@length": items}``: the held-out items the recall benchmark asks, by
+    the same call, under the same names and in the same order as
+    :func:`kvpop_compile.evaluation.recall.run_recall`."""
     return {
-        f"{task}@{length}": recall_items("held_out", task, length, count, seed)
+        group_key(group, task, length): recall_items(
+            "held_out", task, length, count, seed, families=group
+        )
+        for group in families
         for task in tasks
         for length in lengths
     }
@@ -176,6 +192,23 @@ def question_cut(items: list[RecallItem]) -> int:
     if len(cuts) != 1:
         raise ValueError(f"items of one group must share the question's start, got {cuts}")
     return cuts[0]
+
+
+def same_shape(items: list[RecallItem]) -> list[list[int]]:
+    """The indices of ``items`` in runs of one shape (prompt length, answer length, question
+    start), each in item order, the runs in order of their first item: what the worker batches
+    together. Items of one syntax family and alphabet mostly share one; a group of many
+    families and value lengths has many."""
+    shapes: dict[tuple[int, int, int], list[int]] = {}
+    for index, item in enumerate(items):
+        shape = (len(item.prompt), len(item.answer), item.prompt.rindex(b"\n") + 1)
+        shapes.setdefault(shape, []).append(index)
+    return list(shapes.values())
+
+
+def part_name(group: str, part: int) -> str:
+    """The worker's name of run ``part`` of :func:`same_shape` in ``group``."""
+    return f"{group}#{part}"
 
 
 def runnable_protocols(protocols, lengths, max_positions: int) -> tuple[str, ...]:
@@ -199,16 +232,35 @@ def recall_job(groups: dict, protocols, max_positions: int, batch: int) -> dict:
         "decode_interval": DECODE_INTERVAL,
         "groups": [
             {
-                "name": name,
-                "prompts": [encode(item.prompt).tolist() for item in items],
-                "answers": [encode(item.answer).tolist() for item in items],
+                "name": part_name(name, part),
+                "prompts": [encode(items[i].prompt).tolist() for i in indices],
+                "answers": [encode(items[i].answer).tolist() for i in indices],
                 "kept": capacities(items[0].context_length),
-                "cut": question_cut(items),
+                "cut": question_cut([items[i] for i in indices]),
                 "stretch": decode_stretch(items[0].context_length, max_positions),
             }
             for name, items in groups.items()
+            for part, indices in enumerate(same_shape(items))
         ],
     }
+
+
+def join_parts(outcome: dict, groups: dict[str, list[RecallItem]]) -> dict[str, list]:
+    """A worker outcome keyed by :func:`part_name` as ``{group: answers in item order}``;
+    ``ValueError`` naming a part of no group of ``groups``. A group the worker left out (the
+    decode protocol without a stretch) stays out."""
+    parts = {part_name(g, p): (g, indices) for g, items in groups.items()
+             for p, indices in enumerate(same_shape(items))}  # fmt: skip
+    unknown = sorted(set(outcome) - set(parts))
+    if unknown:
+        raise ValueError(f"unknown groups {unknown}")
+    joined: dict[str, list] = {}
+    for name, answers in outcome.items():
+        group, indices = parts[name]
+        slots = joined.setdefault(group, [None] * len(groups[group]))
+        for index, answer in zip(indices, answers, strict=True):
+            slots[index] = answer
+    return joined
 
 
 def exact_answers(tokens: list, items: list[RecallItem]) -> list[float]:
@@ -244,10 +296,11 @@ def summarise_recall(worker_result: dict, groups: dict[str, list[RecallItem]]) -
                     results[press][budget][protocol] = {"error": outcome["error"]}
                     errors.append(f"{press} {budget} {protocol}: {outcome['error']}")
                     continue
-                unknown = sorted(set(outcome) - set(groups))
-                if unknown:
-                    raise ValueError(f"{press} {budget} {protocol}: unknown groups {unknown}")
-                exact = {g: exact_answers(tokens, groups[g]) for g, tokens in outcome.items()}
+                try:
+                    joined = join_parts(outcome, groups)
+                except ValueError as error:
+                    raise ValueError(f"{press} {budget} {protocol}: {error}") from None
+                exact = {g: exact_answers(tokens, groups[g]) for g, tokens in joined.items()}
                 results[press][budget][protocol] = exact
                 means[press][budget][protocol] = {g: sum(v) / len(v) for g, v in exact.items()}
     return {
@@ -360,7 +413,7 @@ def run_sequences(args: argparse.Namespace, python: Path) -> None:
 
 def run_recall(args: argparse.Namespace, python: Path) -> None:
     """The recall items under both protocols, into ``args.out``."""
-    groups = recall_groups(TASKS, args.lengths, args.items, RECALL_SEED)
+    groups = recall_groups(TASKS, args.lengths, args.items, RECALL_SEED, args.families)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -375,6 +428,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         protocol=RECALL_PROTOCOL,
         items=args.items,
         tasks=list(TASKS),
+        families=list(args.families),
         lengths=list(args.lengths),
         protocols=list(protocols),
         seed=RECALL_SEED,
@@ -427,6 +481,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--protocols", default=RECALL_PROTOCOLS, help="recall protocols (prefill,decode)",
         type=lambda text: _names(text, RECALL_PROTOCOLS, "protocols"),
+    )  # fmt: skip
+    parser.add_argument(
+        "--families", default=RECALL_FAMILIES, help="recall family groups (train,held_out)",
+        type=lambda text: _names(text, FAMILY_SPLITS, "families"),
     )  # fmt: skip
     parser.add_argument("--batch", type=int, default=16, help="recall items per forward")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-kvpress")

@@ -16,8 +16,9 @@ The press ``none`` runs once, without compression, under the budget ``0%``.
 
 A job with ``"mode": "recall"`` asks recall items instead (see :func:`run_recall_job`): ``{"mode":
 "recall", "model": folder, "presses": [...], "budgets": [name...], "protocols": [...], "batch":
-B, "decode_interval": I, "groups": [{"name": "task@length", "prompts": [[ids]...], "answers":
-[[ids]...], "kept": {budget: kept}, "cut": C, "stretch": S}...]}``; the result holds each
+B, "decode_interval": I, "groups": [{"name": "families/task@length#part", "prompts":
+[[ids]...], "answers": [[ids]...], "kept": {budget: kept}, "cut": C, "stretch": S}...]}`` (the
+items of a group share one shape: prompt and answer length, question start); the result holds each
 item's greedy answer tokens, ``{press: {budget: {protocol: {group: [[ids]...]} | {"error":
 message}}}}``, and the driver judges them.
 """

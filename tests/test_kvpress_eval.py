@@ -15,11 +15,13 @@ from hypothesis import strategies as st
 from benchmarks.kvpress_eval import (
     DECODE_INTERVAL,
     main,
+    part_name,
     question_cut,
     recall_groups,
     recall_job,
     run_worker,
     runnable_protocols,
+    same_shape,
     sequence_figures,
     summarise,
     summarise_recall,
@@ -140,7 +142,7 @@ def test_fixture_long_range_targets():
 # --- recall: the driver's items, its summary, and the report's join -------------------------
 
 RECALL_GROUP = "held_out/lookup@2048"
-DRIVER_GROUP = "lookup@2048"  # the driver's name of a group: task and length
+OLD_GROUP = "lookup@2048"  # a group's name in files written before items had families
 
 
 def _worker_answers(items, wrong: set[int]) -> list[list[int]]:
@@ -155,24 +157,46 @@ def _worker_answers(items, wrong: set[int]) -> list[list[int]]:
     return answers
 
 
-def test_driver_asks_the_recall_benchmarks_trained_family_items():
-    groups = recall_groups(("lookup", "chain"), (1024,), 3)
-    assert list(groups) == ["lookup@1024", "chain@1024"]
-    ours = benchmark_groups(RecallSettings(tasks=("lookup", "chain"), lengths=(1024,), items=3,
-                                           families=("train",)))  # fmt: skip
-    for task in ("lookup", "chain"):
-        assert groups[f"{task}@1024"] == ours[("train", task, 1024)]
-    # One item per group: items of one group share their question's start only by chance.
-    single = recall_groups(("lookup", "chain"), (1024,), 1)
-    job = recall_job(single, ("prefill", "decode"), max_positions=2048, batch=2)
-    first = job["groups"][0]
-    (item,) = single["lookup@1024"]
-    assert first["prompts"] == [encode(item.prompt).tolist()]
-    assert first["answers"] == [encode(item.answer).tolist()]
-    assert first["kept"] == capacities(1024) == {"75%": 256, "88%": 128}
-    assert first["cut"] == len(item.prompt) - len(item.question) + 1  # where greedy_answers cuts
-    assert first["stretch"] == decode_stretch(1024, 2048) == 1024
+def _recall_outcome(groups, wrong: dict[str, set[int]] | None = None) -> dict:
+    """A worker outcome for every group: answers under the job's part names, with the items
+    of ``wrong[group]`` (indices in the group) answered wrongly."""
+    wrong = wrong or {}
+    answers = {g: _worker_answers(items, wrong.get(g, set())) for g, items in groups.items()}
+    return {part_name(g, p): [answers[g][i] for i in indices] for g, items in groups.items()
+            for p, indices in enumerate(same_shape(items))}  # fmt: skip
+
+
+def test_driver_asks_the_recall_benchmarks_items_by_family_group():
+    groups = recall_groups(("lookup", "chain"), (1024,), 6)
+    assert list(groups) == ["train/lookup@1024", "train/chain@1024", "held_out/lookup@1024",
+                            "held_out/chain@1024"]  # fmt: skip
+    ours = benchmark_groups(RecallSettings(tasks=("lookup", "chain"), lengths=(1024,), items=6))
+    for (families, task, length), items in ours.items():
+        assert groups[f"{families}/{task}@{length}"] == items
+    job = recall_job(groups, ("prefill", "decode"), max_positions=2048, batch=2)
     assert job["budgets"] == ["75%", "88%"] and job["decode_interval"] == DECODE_INTERVAL
+    # Held-out families differ in value length and question: a group is cut into parts of one
+    # shape, which together hold each of its items once, in item order within a part.
+    assert len(job["groups"]) > len(groups)
+    for name, items in groups.items():
+        parts = [g for g in job["groups"] if g["name"].rpartition("#")[0] == name]
+        seen = []
+        for part in parts:
+            indices = [i for i, item in enumerate(items)
+                       if encode(item.prompt).tolist() in part["prompts"]]  # fmt: skip
+            assert part["prompts"] == [encode(items[i].prompt).tolist() for i in indices]
+            assert part["answers"] == [encode(items[i].answer).tolist() for i in indices]
+            assert (
+                len({len(p) for p in part["prompts"]})
+                == len({len(a) for a in part["answers"]})
+                == 1
+            )
+            for i in indices:  # where greedy_answers cuts
+                assert part["cut"] == len(items[i].prompt) - len(items[i].question) + 1
+            assert part["kept"] == capacities(1024) == {"75%": 256, "88%": 128}
+            assert part["stretch"] == decode_stretch(1024, 2048) == 1024
+            seen += indices
+        assert sorted(seen) == list(range(len(items)))
 
 
 def test_decode_protocol_is_left_out_where_no_stretch_fits():
@@ -194,40 +218,42 @@ def test_items_with_different_question_starts_are_refused():
         question_cut(items)
 
 
-def test_recall_summary_gives_exact_match_per_item_and_keeps_errors():
-    groups = recall_groups(("lookup",), (2048,), 3)
-    items = groups[DRIVER_GROUP]
+def test_recall_summary_gives_exact_match_per_item_in_item_order_and_keeps_errors():
+    groups = recall_groups(("lookup",), (2048,), 6, families=("held_out",))
+    assert len(same_shape(groups[RECALL_GROUP])) > 1  # the join puts parts back in order
     worker = {
         "versions": {"kvpress": "0.5.5"},
         "results": {
-            "none": {"0%": {"prefill": {DRIVER_GROUP: _worker_answers(items, set())}}},
+            "none": {"0%": {"prefill": _recall_outcome(groups)}},
             "snapkv": {
-                "75%": {"prefill": {DRIVER_GROUP: _worker_answers(items, {1})}},
+                "75%": {"prefill": _recall_outcome(groups, {RECALL_GROUP: {1, 4}})},
                 "88%": {"prefill": {"error": "AssertionError: too short"}},
             },
         },
     }
     summary = summarise_recall(worker, groups)
-    assert summary["results"]["none"]["0%"]["prefill"] == {DRIVER_GROUP: [1.0, 1.0, 1.0]}
-    assert summary["results"]["snapkv"]["75%"]["prefill"] == {DRIVER_GROUP: [1.0, 0.0, 1.0]}
-    assert summary["exact_match"]["snapkv"]["75%"]["prefill"][DRIVER_GROUP] == pytest.approx(2 / 3)
+    assert summary["results"]["none"]["0%"]["prefill"] == {RECALL_GROUP: [1.0] * 6}
+    snapkv = summary["results"]["snapkv"]["75%"]["prefill"]
+    assert snapkv == {RECALL_GROUP: [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]}
+    assert summary["exact_match"]["snapkv"]["75%"]["prefill"][RECALL_GROUP] == pytest.approx(4 / 6)
     assert summary["results"]["snapkv"]["88%"]["prefill"] == {"error": "AssertionError: too short"}
     assert summary["errors"] == ["snapkv 88% prefill: AssertionError: too short"]
 
 
 def test_recall_summary_refuses_answers_for_other_items():
-    groups = recall_groups(("lookup",), (2048,), 2)
-    items = groups[DRIVER_GROUP]
+    (item,) = recall_groups(("lookup",), (2048,), 1, families=("train",))["train/lookup@2048"]
+    groups = {"train/lookup@2048": [item, item]}  # two items of one shape: one part
+    (part,) = _recall_outcome(groups)
 
     def worker(answers: dict) -> dict:
         return {"versions": {}, "results": {"knorm": {"88%": {"prefill": answers}}}}
 
-    with pytest.raises(ValueError, match="1 answers for 2 items"):
-        summarise_recall(worker({DRIVER_GROUP: _worker_answers(items[:1], set())}), groups)
-    with pytest.raises(ValueError, match="unknown groups"):
-        summarise_recall(worker({"chain@2048": _worker_answers(items, set())}), groups)
+    with pytest.raises(ValueError, match="knorm 88% prefill: unknown groups"):
+        summarise_recall(worker({OLD_GROUP: _worker_answers([item] * 2, set())}), groups)
+    with pytest.raises(ValueError):  # fewer answers than the part has items
+        summarise_recall(worker({part: _worker_answers([item], set())}), groups)
     with pytest.raises(ValueError, match="an answer of 3 tokens"):
-        summarise_recall(worker({DRIVER_GROUP: [[1, 2, 3]] * 2}), groups)
+        summarise_recall(worker({part: [[1, 2, 3]] * 2}), groups)
 
 
 def _recall_results(memory: list[float]) -> dict:
@@ -292,7 +318,7 @@ def test_a_kvpress_file_of_other_groups_is_not_compared():
     """Presses measured on items named without family groups (another generator's) are left
     out, with a note naming both runs' groups, and the targets lead only the project's own."""
     results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
-    stale = _kvpress_recall([1.0] * 4, group=DRIVER_GROUP)
+    stale = _kvpress_recall([1.0] * 4, group=OLD_GROUP)
     summary, notes = summarize_kvpress_recall(stale, results)
     assert summary == {}
     assert notes == [
@@ -359,14 +385,15 @@ KVPRESS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-kvpress" / "bin" /
 def test_worker_full_attention_answers_like_the_project(tmp_path):
     """The real worker, with no press, gives the project's greedy answers in both protocols;
     a press it does not know is recorded as an error."""
-    groups = recall_groups(("lookup",), (1024,), 1)  # a group shares one question start
+    groups = recall_groups(("lookup",), (1024,), 2, families=("held_out",))
     job = recall_job(groups, ("prefill", "decode"), max_positions=2048, batch=2)
-    job["groups"][0]["stretch"] = 8  # a short stretch keeps the test quick
+    for part in job["groups"]:
+        part["stretch"] = 8  # a short stretch keeps the test quick
     job.update(model=str(EMBEDDED_MODEL), presses=["none", "bogus"])
     result = summarise_recall(run_worker(KVPRESS_PYTHON, job, tmp_path), groups)
     model = load_embedded_model()
-    items = groups["lookup@1024"]
+    items = groups["held_out/lookup@1024"]
     for protocol, stretch in (("prefill", 0), ("decode", 8)):
         ours = answer_exactly(model, items, protocol, stretch)
-        assert result["results"]["none"]["0%"][protocol] == {"lookup@1024": ours}
+        assert result["results"]["none"]["0%"][protocol] == {"held_out/lookup@1024": ours}
     assert result["results"]["bogus"]["75%"]["prefill"]["error"].startswith("ValueError: unknown")
