@@ -11,9 +11,9 @@ the same KV pool (``VLLM_CPU_KVCACHE_SPACE`` GiB on the CPU). For each engine it
 - the maximum number of concurrent requests of each context length vLLM admits (from the
   pages or blocks it allocated in that pool);
 - decode tokens per second at each concurrency and context: ``n`` prompts of the context's
-  length submitted together, timed for one new token (prefill) and for ``--new-tokens + 1``
-  (the pair twice, the second counting; prefix caching off in both engines); decode speed is
-  ``n * new_tokens`` over the difference.
+  length submitted together for ``--new-tokens + 1`` tokens each (twice, the second counting;
+  prefix caching off in both engines); decode speed is ``n * new_tokens`` over the mean time a
+  request spent decoding, from vLLM's engine timestamps of its first and last token.
 
 Writes ``vllm_serving.md``, ``.json`` and ``.png`` to ``--out`` (``benchmarks/results``) and
 prints the table with the ratios of the plugin to stock vLLM.
@@ -27,7 +27,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
@@ -75,11 +74,12 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
     from kvpop_compile.config import KVpopConfig
     from kvpop_compile.vllm import engine_kwargs, serve_settings
 
-    # Prefix caching off for both: the two timed calls share their prompts, and a cached
-    # prefill would make the second call's decode look free.
+    # Prefix caching off for both (the plugin refuses it; stock vLLM would serve the repeated
+    # call's prompts from cache); log stats on for the per-request engine timestamps.
     kwargs = {"model": str(folder), "dtype": "float32", "enforce_eager": True,
               "skip_tokenizer_init": True, "max_model_len": max_len, "seed": 0,
-              "enable_prefix_caching": False}  # fmt: skip
+              "enable_prefix_caching": False,
+              "disable_log_stats": False}  # fmt: skip
     if method == "kvpop":
         config = KVpopConfig(sinks=4, window=64, topk=args.capacity - 68, scorer="window")
         kwargs |= engine_kwargs("Qwen3ForCausalLM", serve_settings(config=config))
@@ -101,18 +101,11 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
                                                           for j in range(context)])
                            for i in range(n)]  # fmt: skip
 
-                # Each shape's first calls pay for more than the work (allocation, warm-up):
-                # the pair is timed twice and the second pair counts.
-                for _ in range(2):
-                    prefill = _timed(llm, prompts, 1)
-                    total = _timed(llm, prompts, args.new_tokens + 1)
-                if total <= prefill:
-                    raise RuntimeError(
-                        f"{method} at {context} x {n}: {args.new_tokens} more tokens took no "
-                        f"time ({total:.3f} s against {prefill:.3f} s): the timing is not "
-                        "measuring decoding; raise --new-tokens"
-                    )
-                speeds[f"{context}x{n}"] = n * args.new_tokens / (total - prefill)
+                # A shape's first call pays for more than the work (allocation, warm-up):
+                # it runs once untimed, the second counts.
+                _decode_seconds(llm, prompts, args.new_tokens + 1)
+                seconds = _decode_seconds(llm, prompts, args.new_tokens + 1)
+                speeds[f"{context}x{n}"] = n * args.new_tokens / seconds
                 print(f"{method} context {context} x {n}: {speeds[f'{context}x{n}']:.1f} tok/s",
                       flush=True)  # fmt: skip
         return {"blocks": blocks, "admitted": admitted, "decode_tokens_per_s": speeds}
@@ -120,14 +113,29 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
         llm.llm_engine.engine_core.shutdown()
 
 
-def _timed(llm, prompts, tokens: int) -> float:
-    """Seconds ``llm`` takes to generate ``tokens`` greedy tokens after each of ``prompts``."""
+def _timed(llm, prompts, tokens: int):
+    """``llm``'s outputs for ``tokens`` greedy tokens after each of ``prompts``."""
     import vllm
 
     params = vllm.SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    return time.perf_counter() - start
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def _decode_seconds(llm, prompts, tokens: int) -> float:
+    """The mean over ``prompts`` of the seconds each request spent decoding: from the engine's
+    timestamp of its first token (the end of its prefill) to that of its last, ``tokens - 1``
+    decode steps later. Engine-core timestamps, so prefill, queueing and the Python around
+    the call are not counted; a request decoding while others prefill counts those mixed
+    steps, as a server's user waits for them."""
+    spans = []
+    for output in _timed(llm, prompts, tokens):
+        stats = output.metrics
+        if stats is None or not stats.first_token_ts:
+            raise RuntimeError("vLLM gave no per-request timestamps: log stats are off")
+        spans.append(stats.last_token_ts - stats.first_token_ts)
+    if min(spans) <= 0:
+        raise RuntimeError(f"a request took no time over {tokens - 1} decode steps: {spans}")
+    return sum(spans) / len(spans)
 
 
 def report(results: dict, args) -> str:
@@ -152,7 +160,13 @@ def report(results: dict, args) -> str:
 
 
 def plot(results: dict, args, path: Path) -> None:
-    import matplotlib
+    """Decode tokens/s against concurrent requests, one panel per context; left out, with a
+    line saying so, where matplotlib is not installed (vLLM's venv does not pull it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"plot left out: matplotlib is not installed here (pip install matplotlib): {path}")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
