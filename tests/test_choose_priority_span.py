@@ -107,4 +107,4 @@ def test_the_folder_is_rewritten_whole_with_the_winning_span_and_the_same_tensor
     first = latest["replaces"]
     assert (first["saved_before"], first["kept"]) == (saved, 3)
     assert first["measured"] == [{"priority_span": s, "select": means[s]} for s in (saved, 3, 5)]
-    assert first["replaces"] == before.get("priority_span_selection")
+    assert first.get("replaces") == before.get("priority_span_selection")

@@ -51,8 +51,8 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     # The shipped scorer was saved with its score spread, and KVpop runs with it; the heuristic
     # runs as published.
     kvpop, heuristic = (c.config for c in result.contenders[1:])
-    assert kvpop.priority_span == 8 and heuristic.priority_span == 0
-    assert "KVpop spreads each score over the 8 tokens that leave the window" in report
+    assert kvpop.priority_span == 10 and heuristic.priority_span == 0
+    assert "KVpop spreads each score over the 10 tokens that leave the window" in report
     for label in labels:
         right, total = result.accuracy(label)
         assert (right, total) == (sum(result.exact[label]), len(TASKS))

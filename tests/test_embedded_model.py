@@ -117,20 +117,18 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     from kvpop_compile.scorer_io import saved_config
 
     folder = scorer_folder(policy, BUDGETS[budget])
-    # the README documents the shipped scorers as trained with priority_span 10, a readout 256
-    # wide, and windows of 64 (mlp) and, for memory, 256 of its 512 slots at 75% and 96 of 256
-    # at 88%; the mlp is saved with span 10, the memory with the span chosen for each budget on
-    # validation items (6 at 75%, 8 at 88%), which its training record says it kept
+    # the README documents the shipped scorers as trained and saved with priority_span 10, no
+    # recency term (lam 0), a readout 256 wide, and windows of 64 (mlp) and, for memory, 256 of
+    # its 512 slots at 75% and 96 of 256 at 88%, on the families model's training recall items
     window = {"mlp": 64, "memory": 256 if budget == "75%" else 96}[policy]
-    span = {"mlp": 10, "memory": 6 if budget == "75%" else 8}[policy]
-    config = budget_config(policy, BUDGETS[budget], priority_span=span, window=window)
+    config = budget_config(policy, BUDGETS[budget], priority_span=10, window=window)
     assert saved_config(folder) == dataclasses.replace(config, scorer_hidden=256)
     record = json.loads((folder / "training.json").read_text())
     assert record["policy"] == policy and record["held_out_ranking"]
     assert record["priority_span"] == 10 and record["capacity"] == BUDGETS[budget]
-    if policy == "memory":
-        chosen = record["priority_span_selection"]
-        assert (chosen["kept"], chosen["split"]) == (span, "validation")
+    assert record["recall_fraction"] == 0.5
+    # chosen among candidates on validation recall items, never held-out ones
+    assert record["selection"]["split"] == "validation"
     assert (record["window"], record["scorer_hidden"]) == (window, 256)
     tensors = load_file(folder / "scorer.safetensors")
     assert {name.split(".")[1] for name in tensors} == {"0", "1", "2", "3"}  # one per layer
