@@ -39,8 +39,9 @@ def _draws(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, n, (RESAMPLES, n), generator=generator)
 
 
-def _ratio(num, den, ref_num=None, ref_den=None) -> Estimate:
-    """``sum(num) / sum(den)``, divided by the reference's when given, with its interval."""
+def _ratio_draws(num, den, ref_num=None, ref_den=None) -> tuple[float, torch.Tensor]:
+    """``sum(num) / sum(den)``, divided by the reference's when given, and its value under
+    each of the :data:`RESAMPLES` draws of sequences ``(RESAMPLES,)``."""
     num, den = torch.tensor(num, dtype=torch.float64), torch.tensor(den, dtype=torch.float64)
     draws = _draws(num.numel())
 
@@ -52,8 +53,17 @@ def _ratio(num, den, ref_num=None, ref_den=None) -> Estimate:
         rn = torch.tensor(ref_num, dtype=torch.float64)
         rd = torch.tensor(ref_den, dtype=torch.float64)
         value, boot = value / stat(rn, rd), boot / stat(rn[draws], rd[draws])
+    return float(value), boot
+
+
+def _interval(value: float, boot: torch.Tensor) -> Estimate:
     low, high = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return Estimate(float(value), low, high)
+    return Estimate(value, low, high)
+
+
+def _ratio(num, den, ref_num=None, ref_den=None) -> Estimate:
+    """``sum(num) / sum(den)``, divided by the reference's when given, with its interval."""
+    return _interval(*_ratio_draws(num, den, ref_num, ref_den))
 
 
 FIGURES = {
@@ -94,6 +104,26 @@ def summarize(results: dict) -> dict[str, dict[str, Estimate]]:
                 figures[figure] = _ratio(data[num], denominator)
         summary[name] = figures
     return summary
+
+
+def paired_difference(results: dict, method: str, other: str, figure: str) -> Estimate:
+    """``method``'s ``figure`` minus ``other``'s on the same sequences, with the 95% interval
+    of the difference: both are resampled with the same draws, so the difficulty of a sequence,
+    shared by the two methods, cancels (a paired bootstrap). ``method`` and ``other`` are keys
+    of ``results["methods"]``; ``figure`` a key of :data:`FIGURES` with a denominator."""
+    if figure not in FIGURES or FIGURES[figure][2] is None:
+        allowed = sorted(f for f, spec in FIGURES.items() if spec[2] is not None)
+        raise ValueError(f"figure must be one of {allowed}, got {figure!r}")
+    protocol, num, den, relative = FIGURES[figure]
+    records = results["methods"]
+    for name in (method, other):
+        if name not in records or num not in records[name].get(protocol, {}):
+            raise ValueError(f"no {figure!r} for method {name!r} in these results")
+    ref = records[FULL][protocol] if relative else {num: None, den: None}
+    a, b = records[method][protocol], records[other][protocol]
+    value_a, boot_a = _ratio_draws(a[num], a[den], ref[num], ref[den])
+    value_b, boot_b = _ratio_draws(b[num], b[den], ref[num], ref[den])
+    return _interval(value_a - value_b, boot_a - boot_b)
 
 
 def _cell(figures: dict, figure: str, scale: float = 1.0, digits: int = 3) -> str:
