@@ -1,0 +1,213 @@
+"""Choose how much of a saved scorer's budget goes to recency: its window and its recency term.
+
+    python scripts/choose_recency.py kvpop_compile/embedded/scorers/memory-256 \\
+        --windows 96 128 160 192 --lams 0 0.0005 0.001
+
+A bounded cache keeps ``sinks + window + topk`` tokens: the ``window`` most recent always, and a
+pool of the ``topk`` older tokens of highest priority, where ``KVpopConfig.lam`` adds
+``lam * t`` to the priority of the token at position ``t`` (docs/design.md, §2). Both act on
+which tokens are kept, not on the scorer's weights, so the same trained tensors run with any
+split of one capacity into window and pool and with any ``lam``. Ordinary text needs recent
+tokens, which a wider window or a recency term keeps; a question about a line far back needs a
+pool that keeps old lines the scorer rates high, which both take slots from. This measures the
+scorer in ``FOLDER`` at its own capacity with each pair of ``--windows`` and ``--lams`` on two
+things the benchmarks never ask about:
+
+* **text**: teacher-forced top-1 accuracy on ``--sequences`` windows of 2048 bytes of the
+  standard library's test folder (one per file, ``evaluation.data.validation_sequences``), on
+  all targets and on the long-range ones, beside the ``window`` policy (StreamingLLM) at the
+  same capacity;
+* **recall**: the mean probability of the exact answer (prefill protocol) on ``--items``
+  validation recall items per family group and task, as ``choose_priority_span.py`` measures.
+
+The rule, fixed before any measure: of the pairs whose text accuracy is at least ``window``'s on
+all targets and on long-range targets, the one with the highest recall measure (the saved pair
+stays unless another beats it by more than ``choose_priority_span.TIE``); where none reaches
+``window``, the one closest to it (the highest of the two differences' minimum). ``--windows``
+and ``--lams`` must include the saved values, and each window must leave the pool a slot.
+``FOLDER`` is rewritten in one swap with the kept window, pool and ``lam`` (tensors unchanged)
+and a ``recency_selection`` record in ``training.json`` of every measure; an earlier record
+(or one of the ``lam`` alone, ``lam_selection``) moves under ``replaces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from choose_priority_span import TIE, rewrite  # noqa: E402
+from train_embedded_scorers import (  # noqa: E402
+    TRAINING_RECORD,
+    recall_selection,
+    selection_items,
+    with_tensors,
+)
+
+import kvpop_compile as kc  # noqa: E402
+from kvpop_compile.embedded import load_embedded_model  # noqa: E402
+from kvpop_compile.evaluation.data import validation_sequences  # noqa: E402
+from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
+from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
+from kvpop_compile.evaluation.methods import WINDOW, budget_config  # noqa: E402
+from kvpop_compile.evaluation.protocols import teacher_forced  # noqa: E402
+from kvpop_compile.scorer_io import saved_config  # noqa: E402
+from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
+
+BATCH = 8  # sequences per forward
+RECORD = "recency_selection"
+EARLIER_RECORDS = (RECORD, "lam_selection")  # "lam_selection": the lam chosen alone
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="a saved scorer folder (scorer.json and tensors)")
+    p.add_argument("--windows", nargs="+", type=int, help="windows to measure (default: saved)")
+    p.add_argument("--lams", nargs="+", type=float, help="lams to measure (default: saved)")
+    p.add_argument("--sequences", type=int, default=24, help="validation text windows")
+    p.add_argument("--items", type=int, default=16, help="recall items per family group and task")
+    p.add_argument("--seed", type=int, default=99, help="seed of the recall items")
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    return p.parse_args(argv)
+
+
+def check_lams(lams: list[float], saved: float) -> list[float]:
+    """``lams`` as given; SystemExit naming a negative, non-finite or repeated value, or a list
+    without the ``saved`` one (the one every other is measured against)."""
+    listed = " ".join(f"{lam:g}" for lam in lams)
+    for lam in lams:
+        if not math.isfinite(lam) or lam < 0:
+            raise SystemExit(f"--lams must be finite numbers >= 0, got {lam}")
+    if len(set(lams)) != len(lams):
+        raise SystemExit(f"--lams lists a value twice: {listed}")
+    if saved not in lams:
+        raise SystemExit(
+            f"--lams {listed} leaves out {saved:g}, the lam the folder is saved with: include it"
+        )
+    return lams
+
+
+def check_windows(windows: list[int], saved: kc.KVpopConfig) -> list[int]:
+    """``windows`` as given; SystemExit naming a window below 1 or one that leaves the pool no
+    slot at the saved capacity, a repeated one, or a list without the saved window."""
+    listed = " ".join(map(str, windows))
+    widest = saved.capacity - saved.sinks - 1
+    for window in windows:
+        if not 1 <= window <= widest:
+            raise SystemExit(
+                f"--windows must be from 1 to {widest} (capacity {saved.capacity} less "
+                f"{saved.sinks} sinks and one pool slot), got {window}"
+            )
+    if len(set(windows)) != len(windows):
+        raise SystemExit(f"--windows lists a window twice: {listed}")
+    if saved.window not in windows:
+        raise SystemExit(
+            f"--windows {listed} leaves out {saved.window}, the window the folder is saved "
+            "with: include it"
+        )
+    return windows
+
+
+def split_config(saved: kc.KVpopConfig, window: int, lam: float) -> kc.KVpopConfig:
+    """``saved`` at its own capacity with ``window`` recent slots, the rest pool, and ``lam``."""
+    topk = saved.capacity - saved.sinks - window
+    return dataclasses.replace(saved, window=window, topk=topk, lam=lam)
+
+
+def text_accuracy(model, ids: torch.Tensor, long_range: torch.Tensor) -> dict[str, float]:
+    """Teacher-forced top-1 accuracy of ``model`` on ``ids (S, L + 1)``: over all targets and
+    over the long-range ones (``long_range (S, L)`` bool)."""
+    correct = torch.cat([teacher_forced(model, ids[i : i + BATCH]).correct for i in
+                         range(0, ids.shape[0], BATCH)]).double()  # fmt: skip
+    lr = long_range.double()
+    return {"all": correct.mean().item(), "long_range": ((correct * lr).sum() / lr.sum()).item()}
+
+
+def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
+    """The rule of the module docstring over ``measured`` (``(window, lam)`` -> ``{"recall",
+    "text_margin": {"all", "long_range"}}``, the margins over ``window``)."""
+    bad = [key for key, m in measured.items() if not math.isfinite(m["recall"])]
+    if bad:
+        raise ValueError(f"non-finite recall measure at (window, lam) {bad}")
+    worst = {key: min(m["text_margin"].values()) for key, m in measured.items()}
+    eligible = [key for key in measured if worst[key] >= 0]
+    if not eligible:
+        return max(measured, key=worst.__getitem__)
+    best = max(eligible, key=lambda key: measured[key]["recall"])
+    if saved in eligible and measured[best]["recall"] - measured[saved]["recall"] <= TIE:
+        return saved
+    return best
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    saved = saved_config(args.folder)
+    windows = check_windows(args.windows or [saved.window], saved)
+    lams = check_lams(args.lams or [saved.lam], saved.lam)
+    for name, value in (("--sequences", args.sequences), ("--items", args.items),
+                        ("--threads", args.threads)):  # fmt: skip
+        if value < 1:
+            raise SystemExit(f"{name} must be 1 or more, got {value}")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    sequences = validation_sequences(args.sequences, per_file=1)
+    ids = torch.stack([s.ids for s in sequences])
+    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
+    groups = selection_items("validation", args.items, args.seed)
+    model = load_embedded_model(path=args.model)
+    baseline = kc.transform(model, budget_config("window", saved.capacity))
+    window_text = text_accuracy(baseline, ids, long_range)
+    print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
+    measured = {}
+    for window in windows:
+        for lam in lams:
+            config = split_config(saved, window, lam)
+            scored = with_tensors(kc.transform(load_embedded_model(path=args.model), config),
+                                  args.folder)  # fmt: skip
+            text = text_accuracy(scored, ids, long_range)
+            recall = recall_selection(args.model, config, groups, "probability")(args.folder)
+            measured[window, lam] = {
+                "recall": recall, "text": text,
+                "text_margin": {k: text[k] - window_text[k] for k in text},
+            }  # fmt: skip
+            print(f"{args.folder}: window {window}, lam {lam:g}: {measured[window, lam]}",
+                  flush=True)  # fmt: skip
+    kept_window, kept_lam = kept_setting(measured, (saved.window, saved.lam))
+    training_file = args.folder / TRAINING_RECORD
+    record = json.loads(training_file.read_text()) if training_file.is_file() else {}
+    earlier = {name: record.pop(name) for name in EARLIER_RECORDS if name in record}
+    record[RECORD] = {
+        "command": " ".join(["python scripts/choose_recency.py", *argv]),
+        "capacity": saved.capacity,
+        "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
+                 "window_policy": window_text},
+        "recall": {"split": "validation", "families": list(SELECTION_FAMILIES),
+                   "items_per_task": args.items, "seed": args.seed, "measure": "probability",
+                   "protocol": "prefill",
+                   "items_sha256": items_sha256(i for group in groups for i in group)},
+        "python": platform.python_version(),
+        "measured": [{"window": w, "lam": lam, **m} for (w, lam), m in measured.items()],
+        "saved_before": {"window": saved.window, "lam": saved.lam},
+        "kept": {"window": kept_window, "lam": kept_lam},
+        "minutes": round((time.perf_counter() - start) / 60, 2),
+        **({"replaces": earlier} if earlier else {}),
+    }  # fmt: skip
+    rewrite(args.folder, split_config(saved, kept_window, kept_lam), record, args.model)
+    print(f"{args.folder}: kept window {kept_window}, lam {kept_lam:g} "
+          f"(saved before: window {saved.window}, lam {saved.lam:g})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
