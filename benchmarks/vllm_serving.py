@@ -75,11 +75,15 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
     from kvpop_compile.vllm import engine_kwargs, serve_settings
 
     # Prefix caching off for both (the plugin refuses it; stock vLLM would serve the repeated
-    # call's prompts from cache); log stats on for the per-request engine timestamps.
+    # call's prompts from cache); log stats on for the per-request engine timestamps. A step's
+    # token budget holds every prompt of the largest call, so that all of a call's requests
+    # prefill in its first step and decode together from the second: their decode spans are
+    # then decode steps of all ``n`` requests, not mixed with other requests' prefill chunks.
     kwargs = {"model": str(folder), "dtype": "float32", "enforce_eager": True,
               "skip_tokenizer_init": True, "max_model_len": max_len, "seed": 0,
-              "enable_prefix_caching": False,
-              "disable_log_stats": False}  # fmt: skip
+              "enable_prefix_caching": False, "disable_log_stats": False,
+              "max_num_seqs": max(args.concurrency),
+              "max_num_batched_tokens": max(args.contexts) * max(args.concurrency)}  # fmt: skip
     if method == "kvpop":
         config = KVpopConfig(sinks=4, window=64, topk=args.capacity - 68, scorer="window")
         kwargs |= engine_kwargs("Qwen3ForCausalLM", serve_settings(config=config))
@@ -108,7 +112,8 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
                 speeds[f"{context}x{n}"] = n * args.new_tokens / seconds
                 print(f"{method} context {context} x {n}: {speeds[f'{context}x{n}']:.1f} tok/s",
                       flush=True)  # fmt: skip
-        return {"blocks": blocks, "admitted": admitted, "decode_tokens_per_s": speeds}
+        return {"blocks": blocks, "block_size": cache.block_size, "admitted": admitted,
+                "decode_tokens_per_s": speeds}  # fmt: skip
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -127,14 +132,22 @@ def _decode_seconds(llm, prompts, tokens: int) -> float:
     decode steps later. Engine-core timestamps, so prefill, queueing and the Python around
     the call are not counted; a request decoding while others prefill counts those mixed
     steps, as a server's user waits for them."""
-    spans = []
+    spans, firsts = [], []
     for output in _timed(llm, prompts, tokens):
         stats = output.metrics
         if stats is None or not stats.first_token_ts:
             raise RuntimeError("vLLM gave no per-request timestamps: log stats are off")
         spans.append(stats.last_token_ts - stats.first_token_ts)
+        firsts.append(stats.first_token_ts)
     if min(spans) <= 0:
         raise RuntimeError(f"a request took no time over {tokens - 1} decode steps: {spans}")
+    # All first tokens come from one step (one timestamp) when every prompt prefilled in it;
+    # otherwise the early requests' spans would hold the late ones' prefill.
+    if max(firsts) - min(firsts) > 0.5 * min(spans) / max(tokens - 1, 1):
+        raise RuntimeError(
+            f"the {len(prompts)} requests did not prefill in one step (first tokens "
+            f"{max(firsts) - min(firsts):.3f} s apart): their decode spans would hold prefill"
+        )
     return sum(spans) / len(spans)
 
 
@@ -192,6 +205,9 @@ def main(argv=None) -> None:
     from kvpop_compile.atomic import atomic_write
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.pool_gib))
+    # The engine core in this process: a call's requests are all queued before its first step
+    # (a core in a process of its own starts stepping at the first request to arrive).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     max_len = max(args.contexts) + args.new_tokens + 1
     results = {
         "vllm": vllm.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

@@ -9,11 +9,13 @@ import dataclasses
 import json
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 import torch
+from script_support import ROOT, load_script
 from vllm_support import (
     NEW_TOKENS,
     POOL_GIB,
@@ -213,3 +215,31 @@ def test_qwen3_moe_with_eviction_equals_kc_generate(token_prompts, tmp_path):
         for p in token_prompts
     ]
     assert got == want
+
+
+def test_serving_benchmark_reports_pages_admitted_and_decode_speeds_of_both_engines(tmp_path):
+    # The benchmark at a tiny size, in a process of its own (it runs vLLM's engine core in
+    # its process): KVpop's admitted count is the pool over its pages, stock vLLM's the pool's
+    # tokens over a request's, and every call's requests prefill in one step (it refuses
+    # otherwise), so each speed is of decode steps alone.
+    command = [sys.executable, "-m", "benchmarks.vllm_serving", "--contexts", "96,200",
+               "--concurrency", "1,3", "--new-tokens", "4", "--capacity", "80",
+               "--pool-gib", "1", "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(command, check=True, timeout=SERVER_START_S, cwd=ROOT)
+    results = json.loads((tmp_path / "vllm_serving.json").read_text())
+    serving = load_script("benchmarks/vllm_serving.py")
+    shape = serving.SHAPE
+    config = kc.KVpopConfig(sinks=4, window=64, topk=80 - 68, scorer="window")
+    scorer = build_scorer(config, shape["num_key_value_heads"], shape["head_dim"])
+    page = page_bytes(page_layout(config, scorer, shape["head_dim"], torch.float32))
+    pages = (1 << 30) // (shape["num_hidden_layers"] * page)
+    assert results["kvpop"]["admitted"] == {"96": pages, "200": pages}
+    stock = results["stock"]
+    tokens = stock["blocks"] * stock["block_size"]
+    assert stock["admitted"] == {"96": tokens // 101, "200": tokens // 205}
+    for method in ("stock", "kvpop"):
+        speeds = results[method]["decode_tokens_per_s"]
+        assert sorted(speeds) == ["200x1", "200x3", "96x1", "96x3"]
+        assert all(s > 0 for s in speeds.values())
+    text = (tmp_path / "vllm_serving.md").read_text()
+    assert f"| 200 | {tokens // 205} | {pages} | {pages / (tokens // 205):.1f}x |" in text
