@@ -11,9 +11,12 @@ the same KV pool (``VLLM_CPU_KVCACHE_SPACE`` GiB on the CPU). For each engine it
 - the maximum number of concurrent requests of each context length vLLM admits (from the
   pages or blocks it allocated in that pool);
 - decode tokens per second at each concurrency and context: ``n`` prompts of the context's
-  length submitted together for ``--new-tokens + 1`` tokens each (twice, the second counting;
-  prefix caching off in both engines); decode speed is ``n * new_tokens`` over the mean time a
-  request spent decoding, from vLLM's engine timestamps of its first and last token.
+  length submitted together for ``--new-tokens + 1`` tokens each, after ``n`` short prompts
+  decoded untimed (prefix caching off in both engines). All ``n`` prefill in one step (the
+  engine core runs in this process, so all are queued before it, and a step's token budget
+  holds them), so the ``new_tokens`` steps after it are decode steps of all ``n`` requests
+  together; decode speed is ``n * new_tokens`` over the mean time a request spent decoding,
+  from vLLM's engine timestamps of its first and last token.
 
 Writes ``vllm_serving.md``, ``.json`` and ``.png`` to ``--out`` (``benchmarks/results``) and
 prints the table with the ratios of the plugin to stock vLLM.
@@ -97,17 +100,18 @@ def measure(method: str, folder: Path, args, max_len: int) -> dict:
             admitted = {str(n): blocks * cache.block_size // (n + args.new_tokens + 1)
                         for n in args.contexts}  # fmt: skip
         speeds = {}
-        warm = [TokensPrompt(prompt_token_ids=list(range(1, 65)))]
-        _timed(llm, warm, 2)  # the first call pays for warm-up, not for decoding
+        short = TokensPrompt(prompt_token_ids=list(range(1, 65)))
+        _timed(llm, [short], 2)  # the first call pays for warm-up, not for decoding
         for context in args.contexts:
             for n in args.concurrency:
                 prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 13 * j) % 251 + 1
                                                           for j in range(context)])
                            for i in range(n)]  # fmt: skip
 
-                # A shape's first call pays for more than the work (allocation, warm-up):
-                # it runs once untimed, the second counts.
-                _decode_seconds(llm, prompts, args.new_tokens + 1)
+                # A batch size's first decode steps pay for more than the work (allocation,
+                # warm-up): short prompts of the same count decode first, untimed, so that the
+                # long prompts' prefill (the run's cost) is paid once.
+                _decode_seconds(llm, [short] * n, args.new_tokens + 1)
                 seconds = _decode_seconds(llm, prompts, args.new_tokens + 1)
                 speeds[f"{context}x{n}"] = n * args.new_tokens / seconds
                 print(f"{method} context {context} x {n}: {speeds[f'{context}x{n}']:.1f} tok/s",
