@@ -105,6 +105,54 @@ def test_a_pool_smaller_than_the_batch_queues_requests_and_keeps_their_tokens(to
     assert got == kvpop_greedy(token_prompts, config)
 
 
+def test_requests_preempted_mid_generation_are_recomputed_from_an_empty_page(
+    token_prompts, monkeypatch
+):
+    # vLLM preempts a running request when it needs a block that is not free, and recomputes it
+    # later from its prompt and the tokens it has produced. A KVpop request never needs another
+    # page, so this forces it: once every request has decoded a few tokens, all are preempted
+    # (reset_prefix_cache's reset_running_requests, vLLM's own preemption path). Each one's
+    # page must restart empty, and its tokens stay those of the request alone.
+    from vllm.inputs import TokensPrompt
+
+    import kvpop_compile.vllm.layer as layer
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model runs in this process
+    resets = []
+    original = layer.reset_rows_
+
+    def counted(pool, rows):
+        resets.append(len(rows))
+        original(pool, rows)
+
+    monkeypatch.setattr(layer, "reset_rows_", counted)
+    config = dataclasses.replace(SMALL, scorer="memory", priority_span=3)
+    llm = engine(serve_settings(config=config))
+    try:
+        core = llm.llm_engine
+        params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        for i, prompt in enumerate(token_prompts):
+            core.add_request(str(i), TokensPrompt(prompt_token_ids=prompt), params)
+        produced: dict[str, list[int]] = {}
+        preempted_at = None
+        while core.has_unfinished_requests():
+            for output in core.step():
+                produced[output.request_id] = list(output.outputs[0].token_ids)
+            done = [len(produced.get(str(i), [])) for i in range(len(token_prompts))]
+            if preempted_at is None and min(done) >= 6:
+                assert max(done) < NEW_TOKENS  # every request is still running
+                assert core.reset_prefix_cache(reset_running_requests=True)
+                preempted_at = done
+    finally:
+        shutdown(llm)
+    assert preempted_at is not None
+    layers = load_embedded_model().config.num_hidden_layers
+    # Each request's page was reset at its first prefill and again at its recomputation.
+    assert sum(resets) == 2 * len(token_prompts) * layers
+    got = [produced[str(i)] for i in range(len(token_prompts))]
+    assert got == kvpop_greedy(token_prompts, config)
+
+
 def test_vllm_admits_pool_over_layers_times_page_bytes_requests_whatever_their_length():
     config = dataclasses.replace(SMALL, topk=512 - SMALL.sinks - SMALL.window)
     llm = engine(serve_settings(config=config))
