@@ -64,20 +64,22 @@ def test_best_recall_among_settings_that_keep_windows_text_else_the_closest_to_i
         ("--lams -0.1 0", "--lams must be finite numbers >= 0, got -0.1"),
         ("--lams inf 0", "--lams must be finite numbers >= 0, got inf"),
         ("--lams 0.01 0.01 0", "lists a value twice: 0.01 0.01 0"),
-        ("--lams 0.01 0.02", "--lams 0.01 0.02 leaves out 0, the lam the folder is saved with"),
-        ("--lams 0 --sequences 0", "--sequences must be 1 or more, got 0"),
-        ("--lams 0 --items 0", "--items must be 1 or more, got 0"),
+        ("--lams 0.01 0.02", "--lams 0.01 0.02 leaves out {lam:g}, the lam the folder is saved"),
+        ("--sequences 0", "--sequences must be 1 or more, got 0"),
+        ("--items 0", "--items must be 1 or more, got 0"),
         (
             "--windows 0 96",
             "--windows must be from 1 to 251 .capacity 256 less 4 sinks and one pool slot., got 0",
         ),
         ("--windows 96 252", "--windows must be from 1 to 251 .* got 252"),
         ("--windows 96 128 96", "lists a window twice: 96 128 96"),
-        ("--windows 128 160", "--windows 128 160 leaves out 96, the window the folder is saved"),
+        ("--windows 1 2", "--windows 1 2 leaves out {window}, the window the folder is saved"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, arguments, message):
     folder = _copy_of_shipped(tmp_path)
+    saved = saved_config(folder)
+    message = message.format(window=saved.window, lam=saved.lam)
     with pytest.raises(SystemExit, match=message):
         _script().main([str(folder), *arguments.split()])
 
@@ -88,16 +90,20 @@ def test_text_measure_is_teacher_forced_accuracy_and_the_folder_keeps_the_rules_
     script = _script()
     folder = _copy_of_shipped(tmp_path)
     saved = saved_config(folder)
-    # Recall measures that make the rule's choice depend on the text margins measured below.
-    recalls = {(96, 0.0): 0.5, (96, 0.05): 0.4, (160, 0.0): 0.45, (160, 0.05): 0.3}
+    # The saved setting and one other window and lam; recall measures that make the rule's
+    # choice depend on the text margins measured below.
+    window, lam, other_window, other_lam = saved.window, saved.lam, 128, 0.05
+    assert (other_window, other_lam) != (window, lam)
+    recalls = {(window, lam): 0.5, (window, other_lam): 0.4, (other_window, lam): 0.45,
+               (other_window, other_lam): 0.3}  # fmt: skip
 
     def fixed_recall(model_path, config, groups, measure):
         assert config.capacity == saved.capacity
         return lambda scorer: recalls[config.window, config.lam]
 
     monkeypatch.setattr(script, "recall_selection", fixed_recall)
-    script.main([str(folder), "--windows", "96", "160", "--lams", "0", "0.05",
-                 "--sequences", "2", "--items", "1"])  # fmt: skip
+    script.main([str(folder), "--windows", str(window), str(other_window), "--lams", str(lam),
+                 str(other_lam), "--sequences", "2", "--items", "1"])  # fmt: skip
     record = json.loads((folder / "training.json").read_text())["recency_selection"]
     # The text figures are those of an independent teacher-forced pass over the same windows.
     sequences = validation_sequences(2, per_file=1)
@@ -113,22 +119,20 @@ def test_text_measure_is_teacher_forced_accuracy_and_the_folder_keeps_the_rules_
             "long_range": (correct * lr).sum().item() / lr.sum().item(),
         }
 
-    window = accuracy(kc.transform(load_embedded_model(), budget_config("window", 256)))
-    assert record["text"]["window_policy"] == pytest.approx(window, rel=1e-9)
+    window_text = accuracy(kc.transform(load_embedded_model(), budget_config("window", 256)))
+    assert record["text"]["window_policy"] == pytest.approx(window_text, rel=1e-9)
     measured = {(m["window"], m["lam"]): m for m in record["measured"]}
     assert sorted(measured) == sorted(recalls)
     texts = set()
-    for (window_size, lam), recall in recalls.items():
-        config = dataclasses.replace(
-            saved, window=window_size, topk=256 - saved.sinks - window_size, lam=lam
-        )
+    for (size, recency), recall in recalls.items():
+        config = dataclasses.replace(saved, window=size, topk=256 - saved.sinks - size, lam=recency)
         model = kc.transform(load_embedded_model(), config)
         load_layers([layer.self_attn.scorer for layer in model.model.layers],
                     read_tensors(scorer_folder("memory", 256)))  # fmt: skip
         text = accuracy(model)
         texts.add(tuple(text.values()))
-        assert measured[window_size, lam]["text"] == pytest.approx(text, rel=1e-9)
-        assert measured[window_size, lam]["recall"] == recall
+        assert measured[size, recency]["text"] == pytest.approx(text, rel=1e-9)
+        assert measured[size, recency]["recall"] == recall
     assert len(texts) > 1  # the settings differ in what they keep
     # The rule decides from these measures; the folder holds its choice, same tensors.
     margins = {

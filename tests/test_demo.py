@@ -1,11 +1,16 @@
 """The README's main command: ``kvpop-compile demo`` on the embedded model."""
 
+import dataclasses
+
 import pytest
 
 from kvpop_compile.cli import main
 from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.demo import run_demo
+from kvpop_compile.evaluation.methods import scorer_folder
 from kvpop_compile.evaluation.recall import RECALL_SEED
+from kvpop_compile.runtime.cache import BoundedCacheState
+from kvpop_compile.scorer_io import saved_config
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +37,18 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     separating = [i for i in range(len(TASKS)) if full[i] and kvpop[i] and not window[i]]
     if separating:
         assert example.index == separating[0]
-    # Bounded caches hold the same number of tokens whatever the context; full attention's
-    # holds the whole prompt.
+    # A bounded cache holds its fixed buffers whatever the context (each layer's empty state,
+    # scorer state included); full attention's holds the whole prompt.
     sizes = example.cache_bytes
-    assert sizes["full attention"] > 3 * sizes[labels[1]]
+    for contender in result.contenders[1:]:
+        layers = contender.model.model.layers
+        empty = [
+            BoundedCacheState.empty(contender.config, layer.self_attn.scorer, batch=1,
+                                    head_dim=contender.model.config.head_dim).nbytes
+            for layer in layers
+        ]  # fmt: skip
+        assert sizes[contender.label] == sum(empty)
+    assert sizes["full attention"] > sizes[labels[1]] > sizes[labels[2]]
     evidence = [example.item.prompt[start:end] for start, end in example.item.evidence]
     value = example.item.prompt[slice(*example.item.value_span)]
     assert example.item.answer.endswith(value) and value in evidence[0]
@@ -47,12 +60,20 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     )
     assert f"  ...{example.item.question[1:].decode()!r} -> expected" in report
     assert "in held-out families" in report
-    assert "4 sinks + 96 window + 156 pool = 256 tokens" in report and "(75% compression)" in report
-    # The shipped scorer was saved with its score spread, and KVpop runs with it; the heuristic
-    # runs as published.
+    # The shipped scorer's own split of the budget, span and recency term; the heuristic runs
+    # at the same split as published (no spread, no recency term).
+    shipped = saved_config(scorer_folder("memory", 256))
+    assert (shipped.lam, shipped.priority_span) != (0.0, 0)
     kvpop, heuristic = (c.config for c in result.contenders[1:])
-    assert kvpop.priority_span == 10 and heuristic.priority_span == 0
-    assert "KVpop spreads each score over the 10 tokens that leave the window" in report
+    assert kvpop == shipped
+    assert heuristic == dataclasses.replace(shipped, scorer="window", priority_span=0, lam=0.0)
+    split = f"4 sinks + {shipped.window} window + {shipped.topk} pool = 256 tokens"
+    assert split in report and "(75% compression)" in report
+    assert (
+        f"KVpop spreads each score over the {shipped.priority_span} tokens that leave the window"
+        in report
+    )
+    assert f"KVpop's priority rises by {shipped.lam:g} per position" in report
     for label in labels:
         right, total = result.accuracy(label)
         assert (right, total) == (sum(result.exact[label]), len(TASKS))

@@ -117,19 +117,28 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     from kvpop_compile.scorer_io import saved_config
 
     folder = scorer_folder(policy, BUDGETS[budget])
-    # the README documents the shipped scorers as trained and saved with priority_span 10, no
-    # recency term (lam 0), a readout 256 wide, and windows of 64 (mlp) and, for memory, 256 of
-    # its 512 slots at 75% and 96 of 256 at 88%, on the families model's training recall items
-    window = {"mlp": 64, "memory": 256 if budget == "75%" else 96}[policy]
+    # the README documents the shipped scorers as trained with priority_span 10, a readout 256
+    # wide, and windows of 64 (mlp) and, for memory, saved for 256 of its 512 slots at 75% and
+    # 96 of 256 at 88%, on the families model's training recall items; then each folder's
+    # window and recency term chosen on validation text and recall (choose_recency.py)
+    trained_window = {"mlp": 64, "memory": 256 if budget == "75%" else 96}[policy]
+    chosen = {("memory", "75%"): (384, 0.0005), ("memory", "88%"): (192, 0.0005),
+              ("mlp", "75%"): (384, 0.0005), ("mlp", "88%"): (192, 0.001)}  # fmt: skip
+    window, lam = chosen[policy, budget]
     config = budget_config(policy, BUDGETS[budget], priority_span=10, window=window)
-    assert saved_config(folder) == dataclasses.replace(config, scorer_hidden=256)
+    assert saved_config(folder) == dataclasses.replace(config, scorer_hidden=256, lam=lam)
     record = json.loads((folder / "training.json").read_text())
     assert record["policy"] == policy and record["held_out_ranking"]
     assert record["priority_span"] == 10 and record["capacity"] == BUDGETS[budget]
     assert record["recall_fraction"] == 0.5
     # chosen among candidates on validation recall items, never held-out ones
     assert record["selection"]["split"] == "validation"
-    assert (record["window"], record["scorer_hidden"]) == (window, 256)
+    assert (record["window"], record["scorer_hidden"]) == (trained_window, 256)
+    recency = record["recency_selection"]
+    assert recency["kept"] == {"window": window, "lam": lam}
+    assert recency["saved_before"] == {"window": trained_window, "lam": 0.0}
+    assert recency["recall"]["split"] == "validation"
+    assert all(source.startswith("test/") for source in recency["text"]["sequences"])
     tensors = load_file(folder / "scorer.safetensors")
     assert {name.split(".")[1] for name in tensors} == {"0", "1", "2", "3"}  # one per layer
     assert all(torch.isfinite(t).all() for t in tensors.values())

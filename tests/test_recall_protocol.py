@@ -16,6 +16,7 @@ from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.embedded.recall import RecallItem, recall_items
 from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import (
+    WINDOW,
     Method,
     budget_config,
     build_model,
@@ -45,7 +46,7 @@ from kvpop_compile.evaluation.recall_report import (
     resumable_methods,
     summarize_recall,
 )
-from kvpop_compile.scorer_io import tensors_sha256
+from kvpop_compile.scorer_io import saved_config, tensors_sha256
 
 
 @pytest.fixture(scope="module")
@@ -318,9 +319,13 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     assert [(m.name, m.priority_span) for m in spread] == [
         ("full", 0), ("memory @ 88%", 3), ("h2o @ 88%", 0),  # a heuristic runs as published
     ]  # fmt: skip
-    # (the shipped memory-256 scorer was saved with a 96-token window, which the row records)
+    # (the shipped memory-256 scorer was saved with its own window and lam, which the row
+    # records)
+    shipped = saved_config(scorer_folder("memory", 256))
+    assert (shipped.window, shipped.lam) != (WINDOW, 0.0)
     assert spread[1].record() == {
-        "policy": "memory", "budget": "88%", "priority_span": 3, "window": 96,
+        "policy": "memory", "budget": "88%", "priority_span": 3, "window": shipped.window,
+        "lam": shipped.lam,
     }  # fmt: skip
     assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
     assert method_notes({m.name: m.record() for m in spread})[0] == (
@@ -341,11 +346,12 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     # Nor one run at another window (a scorer saved with a wider one).
     saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "window": 128}
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
-                       "window 128, this run asks 96"):  # fmt: skip
+                       f"window 128, this run asks {shipped.window}"):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
     # A row measured with another trained scorer is not this run's either.
     saved["memory @ 88%"] = {
-        "policy": "memory", "budget": "88%", "window": 96, "scorer_sha256": "0" * 64,
+        "policy": "memory", "budget": "88%", "window": shipped.window, "lam": shipped.lam,
+        "scorer_sha256": "0" * 64,
     }  # fmt: skip
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
                        f"scorer_sha256 {'0' * 64}"):  # fmt: skip

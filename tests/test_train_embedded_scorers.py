@@ -214,14 +214,17 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
 
 
 def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_with():
-    """--select-at saved runs a candidate saved at the training window (96 for the shipped
-    memory-256) at a saved budget's own (256 of 512): by tensors, as the install does, and the
-    measure is the one of that budget, not of the window saved."""
+    """--select-at saved runs a candidate saved at one window (the shipped memory-256's own) at
+    a saved budget's (256 or 96 of 512): by tensors, as the install does, and the measure is
+    the one of that budget, not of the window saved."""
     module = _script()
     folder = scorer_folder("memory", 256)
-    assert saved_config(folder).window == 96
-    span = str(saved_config(folder).priority_span)  # the span it runs with, as saved
-    args = module.parse_args(["--priority-span", span, "--scorer-hidden", "256"])
+    shipped = saved_config(folder)
+    assert shipped.window not in (96, 256)
+    span = str(shipped.priority_span)  # the span it runs with, as saved
+    args = module.parse_args(
+        ["--priority-span", span, "--scorer-hidden", "256", "--lam", str(shipped.lam)]
+    )
     groups = [recall_items("train", "lookup", 2048, 1, 99)]
 
     def measure(window, kind="probability", capacity=512):
@@ -229,8 +232,8 @@ def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_wit
         return module.recall_selection(None, config, groups, kind)(folder)
 
     # At the window it was saved with, the measure is that of the scorer loaded as saved.
-    saved = kc.load_scorer(kc.transform(load_embedded_model(), saved_config(folder)), folder)
-    at_saved = measure(96, capacity=256)
+    saved = kc.load_scorer(kc.transform(load_embedded_model(), shipped), folder)
+    at_saved = measure(shipped.window, capacity=256)
     assert at_saved == pytest.approx(answer_probability(saved, groups[0], "prefill")[0])
     at_256, at_96 = measure(256), measure(96)
     assert 0.0 < at_256 <= 1.0 and 0.0 < at_96 <= 1.0

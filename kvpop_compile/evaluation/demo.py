@@ -91,6 +91,12 @@ class DemoResult:
                 "window after it (priority_span)."
                 if bounded.priority_span
                 else ""
+            )
+            + (
+                f" KVpop's priority rises by {bounded.lam:g} per position, so that of two tokens "
+                "scored alike the newer stays (lam)."
+                if bounded.lam
+                else ""
             ),
             "",
             f"{'exact answers':<34}" + "".join(f"{t:>11}" for t in TASKS) + f"{'all':>14}",
@@ -158,8 +164,9 @@ def prepare(
             "the shipped scorers were trained for the embedded model; with --model pass "
             "--scorer PATH (trained with `kvpop-compile train`)"
         )
-    # The heuristic runs as published: no score spread, whatever the scorer was saved with.
-    baseline = dataclasses.replace(config, scorer=policy, priority_span=0)
+    # The heuristic runs as published: no score spread and no recency term, whatever the
+    # scorer was saved with.
+    baseline = dataclasses.replace(config, scorer=policy, priority_span=0, lam=0.0)
     if baseline.scorer.learned:
         raise ValueError(
             f"--policy {policy} is learned; the baseline is a heuristic: window, random, knorm, "
