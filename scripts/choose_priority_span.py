@@ -73,21 +73,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def check_spans(spans: list[int], saved: int) -> list[int]:
-    """``spans`` as given; SystemExit naming a negative or repeated one, or a list without the
-    ``saved`` span (the one every other must beat)."""
-    listed = " ".join(map(str, spans))
-    for span in spans:
-        if span < 0:
-            raise SystemExit(f"--spans must be integers >= 0, got {span}")
-    if len(set(spans)) != len(spans):
-        raise SystemExit(f"--spans lists a span twice: {listed}")
-    if saved not in spans:
+def check_listed(flag: str, values: list, saved, allowed, rule: str, noun: str, show=str) -> list:
+    """``values`` as given for ``flag``; SystemExit naming a value that ``allowed`` refuses (the
+    message says it must be ``rule``), a repeated one, or a list without the ``saved`` value
+    (the one every other must beat). ``show`` writes a value in the messages."""
+    listed = " ".join(map(show, values))
+    for value in values:
+        if not allowed(value):
+            raise SystemExit(f"{flag} must be {rule}, got {show(value)}")
+    if len(set(values)) != len(values):
+        raise SystemExit(f"{flag} lists a {noun} twice: {listed}")
+    if saved not in values:
         raise SystemExit(
-            f"--spans {listed} leaves out {saved}, the span the folder is saved with: include it, "
-            "so that the others are measured against it"
+            f"{flag} {listed} leaves out {show(saved)}, the {noun} the folder is saved with: "
+            "include it, so that the others are measured against it"
         )
-    return spans
+    return values
+
+
+def check_spans(spans: list[int], saved: int) -> list[int]:
+    """``spans`` as given (:func:`check_listed`: integers >= 0, with the ``saved`` span)."""
+    return check_listed("--spans", spans, saved, lambda span: span >= 0, "integers >= 0", "span")
 
 
 def kept_span(measured: dict[int, float], saved: int) -> int:

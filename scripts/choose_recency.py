@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from choose_priority_span import TIE, rewrite  # noqa: E402
+from choose_priority_span import TIE, check_listed, rewrite  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
     TRAINING_RECORD,
     recall_selection,
@@ -83,40 +83,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_lams(lams: list[float], saved: float) -> list[float]:
-    """``lams`` as given; SystemExit naming a negative, non-finite or repeated value, or a list
-    without the ``saved`` one (the one every other is measured against)."""
-    listed = " ".join(f"{lam:g}" for lam in lams)
-    for lam in lams:
-        if not math.isfinite(lam) or lam < 0:
-            raise SystemExit(f"--lams must be finite numbers >= 0, got {lam}")
-    if len(set(lams)) != len(lams):
-        raise SystemExit(f"--lams lists a value twice: {listed}")
-    if saved not in lams:
-        raise SystemExit(
-            f"--lams {listed} leaves out {saved:g}, the lam the folder is saved with: include it"
-        )
-    return lams
+    """``lams`` as given (:func:`check_listed`: finite numbers >= 0, with the ``saved`` one)."""
+    return check_listed("--lams", lams, saved, lambda lam: math.isfinite(lam) and lam >= 0,
+                        "finite numbers >= 0", "lam", show="{:g}".format)  # fmt: skip
 
 
 def check_windows(windows: list[int], saved: kc.KVpopConfig) -> list[int]:
-    """``windows`` as given; SystemExit naming a window below 1 or one that leaves the pool no
-    slot at the saved capacity, a repeated one, or a list without the saved window."""
-    listed = " ".join(map(str, windows))
+    """``windows`` as given (:func:`check_listed`: each from 1 to what leaves the pool one slot
+    at the saved capacity, with the saved window)."""
     widest = saved.capacity - saved.sinks - 1
-    for window in windows:
-        if not 1 <= window <= widest:
-            raise SystemExit(
-                f"--windows must be from 1 to {widest} (capacity {saved.capacity} less "
-                f"{saved.sinks} sinks and one pool slot), got {window}"
-            )
-    if len(set(windows)) != len(windows):
-        raise SystemExit(f"--windows lists a window twice: {listed}")
-    if saved.window not in windows:
-        raise SystemExit(
-            f"--windows {listed} leaves out {saved.window}, the window the folder is saved "
-            "with: include it"
-        )
-    return windows
+    rule = (f"from 1 to {widest} (capacity {saved.capacity} less {saved.sinks} sinks and one pool "
+            "slot)")  # fmt: skip
+    return check_listed("--windows", windows, saved.window, lambda w: 1 <= w <= widest, rule,
+                        "window")  # fmt: skip
 
 
 def split_config(saved: kc.KVpopConfig, window: int, lam: float) -> kc.KVpopConfig:

@@ -1,6 +1,8 @@
-"""Loading the repository's scripts and benchmarks, which are files rather than packages."""
+"""Loading the repository's scripts and benchmarks, which are files rather than packages, and
+the shipped scorer folders the scripts rewrite, copied."""
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,3 +19,13 @@ def load_script(relative: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def copy_of_shipped_scorer(tmp_path: Path, policy: str = "memory", capacity: int = 256) -> Path:
+    """A copy of the shipped ``<policy>-<capacity>`` scorer folder in ``tmp_path``, for a script
+    that rewrites the folder it is given."""
+    from kvpop_compile.evaluation.methods import scorer_folder
+
+    folder = tmp_path / f"{policy}-{capacity}"
+    shutil.copytree(scorer_folder(policy, capacity), folder)
+    return folder

@@ -3,12 +3,10 @@
 import dataclasses
 import json
 import os
-import shutil
 import stat
-from pathlib import Path
 
 import pytest
-from script_support import load_script
+from script_support import copy_of_shipped_scorer, load_script
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
@@ -21,12 +19,6 @@ from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
 def _script():
     return load_script("scripts/choose_priority_span.py")
-
-
-def _copy_of_shipped(tmp_path: Path) -> Path:
-    folder = tmp_path / "memory-256"
-    shutil.copytree(scorer_folder("memory", 256), folder)
-    return folder
 
 
 def test_the_highest_mean_wins_unless_its_lead_over_the_saved_span_is_a_tie():
@@ -49,14 +41,14 @@ def test_the_highest_mean_wins_unless_its_lead_over_the_saved_span_is_a_tie():
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, arguments, message):
-    folder = _copy_of_shipped(tmp_path)
+    folder = copy_of_shipped_scorer(tmp_path)
     saved = saved_config(folder).priority_span
     with pytest.raises(SystemExit, match=message.format(saved=saved)):
         _script().main([str(folder), *arguments.format(saved=saved).split()])
 
 
 def test_the_measure_is_the_mean_answer_probability_at_each_span(tmp_path):
-    folder = _copy_of_shipped(tmp_path)
+    folder = copy_of_shipped_scorer(tmp_path)
     saved = saved_config(folder)
     _script().main([str(folder), "--spans", str(saved.priority_span), "2", "--items", "1"])
     selection = json.loads((folder / "training.json").read_text())["priority_span_selection"]
@@ -78,7 +70,7 @@ def test_the_folder_is_rewritten_whole_with_the_winning_span_and_the_same_tensor
     tmp_path, monkeypatch
 ):
     script = _script()
-    folder = _copy_of_shipped(tmp_path)
+    folder = copy_of_shipped_scorer(tmp_path)
     (folder / "NOTES.txt").write_text("mine")
     saved = saved_config(folder).priority_span
     before = json.loads((folder / "training.json").read_text())

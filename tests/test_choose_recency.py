@@ -3,12 +3,10 @@ text and recall."""
 
 import dataclasses
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from script_support import load_script
+from script_support import copy_of_shipped_scorer, load_script
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
@@ -21,12 +19,6 @@ from kvpop_compile.scorer_io import load_layers, read_tensors, saved_config, ten
 
 def _script():
     return load_script("scripts/choose_recency.py")
-
-
-def _copy_of_shipped(tmp_path: Path) -> Path:
-    folder = tmp_path / "memory-256"
-    shutil.copytree(scorer_folder("memory", 256), folder)
-    return folder
 
 
 def _measure(recall: float, margin_all: float, margin_long: float) -> dict:
@@ -63,7 +55,7 @@ def test_best_recall_among_settings_that_keep_windows_text_else_the_closest_to_i
     [
         ("--lams -0.1 0", "--lams must be finite numbers >= 0, got -0.1"),
         ("--lams inf 0", "--lams must be finite numbers >= 0, got inf"),
-        ("--lams 0.01 0.01 0", "lists a value twice: 0.01 0.01 0"),
+        ("--lams 0.01 0.01 0", "lists a lam twice: 0.01 0.01 0"),
         ("--lams 0.01 0.02", "--lams 0.01 0.02 leaves out {lam:g}, the lam the folder is saved"),
         ("--sequences 0", "--sequences must be 1 or more, got 0"),
         ("--items 0", "--items must be 1 or more, got 0"),
@@ -77,7 +69,7 @@ def test_best_recall_among_settings_that_keep_windows_text_else_the_closest_to_i
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, arguments, message):
-    folder = _copy_of_shipped(tmp_path)
+    folder = copy_of_shipped_scorer(tmp_path)
     saved = saved_config(folder)
     message = message.format(window=saved.window, lam=saved.lam)
     with pytest.raises(SystemExit, match=message):
@@ -88,7 +80,7 @@ def test_text_measure_is_teacher_forced_accuracy_and_the_folder_keeps_the_rules_
     tmp_path, monkeypatch
 ):
     script = _script()
-    folder = _copy_of_shipped(tmp_path)
+    folder = copy_of_shipped_scorer(tmp_path)
     saved = saved_config(folder)
     # The saved setting and one other window and lam; recall measures that make the rule's
     # choice depend on the text margins measured below.
