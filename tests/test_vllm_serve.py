@@ -50,15 +50,17 @@ def test_the_command_starts_vllms_server_with_the_kvpop_architecture_and_budget(
 
 def test_capacity_resizes_the_pool_and_keeps_the_trained_window():
     trained = saved_config(SCORER)
-    settings = settings_from_arguments(
-        _args(str(EMBEDDED_MODEL), "--scorer", str(SCORER), "--capacity", "300")
-    )
-    assert settings.config.capacity == 300 and settings.config.window == trained.window
-    assert settings.config.topk == 300 - trained.sinks - trained.window
-    with pytest.raises(ValueError, match=f"capacity 50 is below sinks \\+ window = "
-                                         f"{trained.sinks + trained.window}"):  # fmt: skip
+    floor = trained.sinks + trained.window  # the least capacity that keeps the window
+    for capacity in (floor + 1, floor + 50, trained.capacity + 100):
+        settings = settings_from_arguments(
+            _args(str(EMBEDDED_MODEL), "--scorer", str(SCORER), "--capacity", str(capacity))
+        )
+        assert settings.config.capacity == capacity and settings.config.window == trained.window
+        assert settings.config.topk == capacity - floor
+    with pytest.raises(ValueError, match=f"capacity {floor - 1} is below sinks \\+ window = "
+                                         f"{floor}"):  # fmt: skip
         settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer", str(SCORER),
-                                      "--capacity", "50"))  # fmt: skip
+                                      "--capacity", str(floor - 1)))  # fmt: skip
 
 
 @pytest.mark.parametrize(("argv", "scorer", "capacity"), [

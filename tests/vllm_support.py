@@ -8,6 +8,7 @@ vLLM is not a dependency of the main test venv: these tests run where it is inst
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 
 import pytest
@@ -21,6 +22,7 @@ import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.config import KVpopConfig  # noqa: E402
 from kvpop_compile.embedded import EMBEDDED_MODEL, load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.corpus import read_held_out  # noqa: E402
+from kvpop_compile.generation import decode_one_token, new_cache, prefill  # noqa: E402
 from kvpop_compile.vllm import engine_kwargs, serve_settings  # noqa: E402
 
 NEW_TOKENS = 24
@@ -97,7 +99,87 @@ def kvpop_greedy(token_prompts, config: KVpopConfig, scorer_path=None) -> list[l
     ]
 
 
+ROUNDING = 1e-5
+"""Two priorities or two logits closer than this are decided by float rounding: vLLM's
+kernels and torch's agree to about 1e-6 in float32 (the logits of the first tokens agree to
+every printed digit), so which of the two wins may differ between them."""
+
+
+def first_undecided(prompt: list[int], config: KVpopConfig, scorer_path=None) -> int | None:
+    """The index of the first of ``kc.generate``'s :data:`NEW_TOKENS` greedy tokens after
+    ``prompt`` that float rounding may decide: a decode step's eviction compares priorities
+    closer than :data:`ROUNDING` (the token leaving the window against the pool's weakest, or,
+    where it enters, the weakest against the next), or its argmax is between logits that close.
+    None where every choice is decided by more; an exact tie is decided (by age, alike in both).
+    The prompt is prefilled as ``kc.generate`` does it, so a decode step meets the pool it
+    meets there: a byte's key computed in a prefill and again in a decode step may differ in
+    the last bit, a tie in exact arithmetic that rounding breaks either way."""
+    model = kc.transform(load_embedded_model(), config)
+    if scorer_path is not None:
+        kc.load_scorer(model, scorer_path)
+    steps = importlib.import_module("kvpop_compile.runtime.decode_step")
+    original = steps.update_state_
+    gaps: list[float] = []
+
+    def spy(state, leaving, priority, *args, **kwargs):
+        # The leaving token against the pool's weakest entry, and, where it enters, the weakest
+        # against the next (which of the two it replaces). -inf marks a free slot.
+        two = state.priorities.float().topk(2, dim=-1, largest=False).values  # (B, H, 2)
+        weakest, next_weakest = two.unbind(-1)
+        new = priority.float()
+        enters = (new - weakest).abs(), torch.where(new > weakest, next_weakest - weakest, 0.0)
+        # An exact tie is no close call: equal inputs (a byte's key in the first layer) give
+        # equal priorities in both, and both break the tie by age.
+        gap = torch.stack(enters)
+        close = (leaving.position >= 0) & torch.isfinite(two).all(-1) & (gap > 0)
+        gaps.append(float(gap[close].min()) if bool(close.any()) else float("inf"))
+        return original(state, leaving, priority, *args, **kwargs)
+
+    def close_call() -> bool:
+        tied = min(gaps, default=float("inf")) < ROUNDING
+        gaps.clear()
+        return tied
+
+    steps.update_state_ = spy
+    try:
+        cache = new_cache(model)
+        with torch.no_grad():
+            logits = prefill(model, torch.tensor([prompt]), cache)
+            logits = logits[:, -1] if logits.dim() == 3 else logits
+            if close_call():  # attention-fed scorers prefill step by step
+                return 0
+            for index in range(NEW_TOKENS):
+                top = logits[0].topk(2).values
+                if float(top[0] - top[1]) < ROUNDING:
+                    return index
+                token = logits[0].argmax().view(1, 1)
+                logits = decode_one_token(model, token, None, cache)
+                if close_call():
+                    return index + 1
+    finally:
+        steps.update_state_ = original
+    return None
+
+
+def assert_same_as_kc_generate(got, token_prompts, config: KVpopConfig, scorer_path=None):
+    """``got`` (an engine's greedy tokens for ``token_prompts``) equals :func:`kvpop_greedy`'s,
+    prompt by prompt; a prompt whose tokens differ must have a choice that float rounding
+    decides (:func:`first_undecided`), and its tokens must agree up to that choice."""
+    want = kvpop_greedy(token_prompts, config, scorer_path)
+    for prompt, ours, theirs in zip(token_prompts, got, want, strict=True):
+        if ours == theirs:
+            continue
+        undecided = first_undecided(prompt, config, scorer_path)
+        assert undecided is not None, (
+            f"a {len(prompt)}-token prompt's tokens differ where no choice is a near-tie:\n"
+            f"{ours}\n{theirs}"
+        )
+        assert ours[:undecided] == theirs[:undecided], (ours, theirs, undecided)
+    return want
+
+
 __all__ = [
-    "NEW_TOKENS", "POOL_GIB", "SMALL", "engine", "greedy", "kvpop_greedy", "prompts", "served",
+    "NEW_TOKENS", "POOL_GIB", "ROUNDING", "SMALL", "assert_same_as_kc_generate", "engine",
+    "first_undecided", "greedy", "kvpop_greedy", "prompts", "served",
     "serve_settings", "shutdown", "transformers_greedy", "vllm",
 ]  # fmt: skip
