@@ -134,8 +134,8 @@ def _decode_seconds(llm, prompts, tokens: int) -> float:
     """The mean over ``prompts`` of the seconds each request spent decoding: from the engine's
     timestamp of its first token (the end of its prefill) to that of its last, ``tokens - 1``
     decode steps later. Engine-core timestamps, so prefill, queueing and the Python around
-    the call are not counted; a request decoding while others prefill counts those mixed
-    steps, as a server's user waits for them."""
+    the call are not counted. Refused where the requests' first tokens come from different
+    steps: an early request's span would then hold the later ones' prefill."""
     spans, firsts = [], []
     for output in _timed(llm, prompts, tokens):
         stats = output.metrics

@@ -88,11 +88,17 @@ def transformers_greedy(token_prompts) -> list[list[int]]:
     ]  # fmt: skip
 
 
-def kvpop_greedy(token_prompts, config: KVpopConfig, scorer_path=None) -> list[list[int]]:
-    """``kc.generate``'s greedy continuation of each prompt alone."""
+def kvpop_model(config: KVpopConfig, scorer_path=None):
+    """The embedded model transformed with ``config``, with the scorer in ``scorer_path``."""
     model = kc.transform(load_embedded_model(), config)
     if scorer_path is not None:
         kc.load_scorer(model, scorer_path)
+    return model
+
+
+def kvpop_greedy(token_prompts, config: KVpopConfig, scorer_path=None) -> list[list[int]]:
+    """``kc.generate``'s greedy continuation of each prompt alone."""
+    model = kvpop_model(config, scorer_path)
     return [
         kc.generate(model, torch.tensor([p]), NEW_TOKENS, eos_token_id=None)[0, len(p) :].tolist()
         for p in token_prompts
@@ -114,9 +120,7 @@ def first_undecided(prompt: list[int], config: KVpopConfig, scorer_path=None) ->
     The prompt is prefilled as ``kc.generate`` does it, so a decode step meets the pool it
     meets there: a byte's key computed in a prefill and again in a decode step may differ in
     the last bit, a tie in exact arithmetic that rounding breaks either way."""
-    model = kc.transform(load_embedded_model(), config)
-    if scorer_path is not None:
-        kc.load_scorer(model, scorer_path)
+    model = kvpop_model(config, scorer_path)
     steps = importlib.import_module("kvpop_compile.runtime.decode_step")
     original = steps.update_state_
     gaps: list[float] = []
