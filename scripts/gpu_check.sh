@@ -90,10 +90,10 @@ step() {
 } | tee "$results/machine.txt"
 
 correctness=(
-    tests/test_kernels_cache.py tests/test_kernels_topk.py tests/test_kernels_attention.py
-    tests/test_kernels_memory_scorer.py tests/test_kernels_end_to_end.py
-    tests/test_compile_decode.py tests/test_cuda_graph.py tests/test_gpu_engines.py
-    tests/test_chunked_prefill.py::test_chunked_prefill_on_the_triton_kernels_matches_the_reference
+    tests/runtime/ops/test_kernels_cache.py tests/runtime/ops/test_kernels_topk.py tests/runtime/ops/test_kernels_attention.py
+    tests/runtime/ops/test_kernels_memory_scorer.py tests/invariants/test_kernels_end_to_end.py
+    tests/runtime/test_compile_decode.py tests/test_cuda_graph.py tests/scripts/test_gpu_engines.py
+    tests/runtime/test_chunk_step.py::test_chunked_prefill_on_the_triton_kernels_matches_the_reference
 )
 if ((dry_run)); then
     # The CPU suite runs these tests already; here it only checks that each one named exists.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_support import cli_error
 from tiny_models import tiny_qwen3
 
 import kvpop_compile as kc
-from kvpop_compile.cli import main
 from kvpop_compile.evaluation import EvalSettings
 
 BUDGET = ["--sinks", "2", "--window", "4", "--topk", "10"]
@@ -32,7 +32,7 @@ def model():
 
 def test_export_of_a_missing_model_prints_one_line():
     # The installed entry point, in a fresh process: what a user sees.
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "-m", "kvpop_compile", "export", "--model", "/nonexistent", "--out",
          "/nonexistent-engine"],
@@ -43,20 +43,6 @@ def test_export_of_a_missing_model_prints_one_line():
         "kvpop-compile export: argument --model: '/nonexistent' is not a folder; give a local "
         "Hugging Face checkpoint folder (config.json and the weights)\n"
     )
-
-
-def cli_error(argv, capsys) -> str:
-    """The one line ``kvpop-compile argv`` prints on stderr, having exited with status 2.
-    Progress bars that ran before the error (transformers' "Loading weights") are left out."""
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as exit:
-        status = exit.code
-    captured = capsys.readouterr()
-    assert status == 2, captured
-    lines = [line for line in captured.err.splitlines() if line and "it/s]" not in line]
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    return lines[0]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

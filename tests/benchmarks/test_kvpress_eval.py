@@ -375,7 +375,7 @@ def test_recall_report_only_rewrites_recall_md_with_kvpress(tmp_path, capsys):
         eval_command(missing)
 
 
-KVPRESS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-kvpress" / "bin" / "python"
+KVPRESS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-kvpress" / "bin" / "python"
 
 
 @pytest.mark.skipif(

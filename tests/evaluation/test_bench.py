@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from test_errors import cli_error
+from cli_support import cli_error
 from tiny_models import tiny_qwen3
 from transformers import LlamaConfig
 

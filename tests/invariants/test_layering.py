@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = "kvpop_compile"
-SOURCE = Path(__file__).resolve().parents[1] / ROOT
+SOURCE = Path(__file__).resolve().parents[2] / ROOT
 
 # Floors, lowest first. A name ending in ".*" stands for a package and everything in it; any
 # other name is one module (a package's front file included). Every module must be listed.

@@ -152,7 +152,7 @@ def test_two_gloo_processes_match_one(tmp_path, options):
     save_file({n: p.detach().contiguous() for n, p in model.named_parameters()},
               str(tmp_path / "single" / "model.safetensors"))  # fmt: skip
     script = tmp_path / "train.py"
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).resolve().parents[1])
     pair = tmp_path / "pair"
     script.write_text(DISTRIBUTED_SCRIPT.format(tests=tests, out=str(pair), options=options))
     result = subprocess.run(

@@ -38,7 +38,7 @@ def engines(model, tmp_path_factory):
 
 
 def run_python(code: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env
     )
