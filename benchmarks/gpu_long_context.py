@@ -7,7 +7,7 @@
         --out benchmarks/results/gpu_batch32.md            # 32 sequences, each its own cache
 
 ``kvpop-compile bench --shape qwen3-4b --methods dynamic,static,eager,compile,graph`` with this
-benchmark's settings (:mod:`kvpop_compile.evaluation.long_context` says what is measured and
+benchmark's settings (:mod:`kvpop_compile.evaluation.bench.run` says what is measured and
 how): random weights in bf16 at batch 1 (``--batch``); for each prompt length N, prefill
 seconds, decode tokens per second and peak GPU memory above the weights of transformers'
 dynamic cache and static cache (``torch.compile(mode="reduce-overhead", fullgraph=True)``:
@@ -37,22 +37,22 @@ import transformers  # noqa: E402
 import kvpop_compile as kc  # noqa: E402
 from benchmarks.triton_kernels import peak_bandwidth  # noqa: E402
 from kvpop_compile.atomic import atomic_write  # noqa: E402
-from kvpop_compile.evaluation.long_context import bench_model, run_bench  # noqa: E402
-from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
+from kvpop_compile.evaluation.bench.model_shapes import MODELS  # noqa: E402
+from kvpop_compile.evaluation.bench.report import (  # noqa: E402
     COLUMN_NOTES,
     bench_json,
     bench_table,
 )
-from kvpop_compile.evaluation.long_context_settings import (  # noqa: E402
+from kvpop_compile.evaluation.bench.run import bench_model, run_bench  # noqa: E402
+from kvpop_compile.evaluation.bench.settings import (  # noqa: E402
     METHODS as METHOD_LABELS,
 )
-from kvpop_compile.evaluation.long_context_settings import (  # noqa: E402
+from kvpop_compile.evaluation.bench.settings import (  # noqa: E402
     BenchResult,
     BenchSettings,
     Row,
     context_label,
 )
-from kvpop_compile.evaluation.model_shapes import MODELS  # noqa: E402
 
 GiB = 2**30
 SHAPE = "qwen3-4b"
@@ -69,7 +69,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gpu.md"
 def run(args) -> BenchResult:
     settings = BenchSettings(
         contexts=tuple(args.lengths), methods=tuple(args.methods), decode_tokens=args.steps,
-        warmup=args.warmup, kvpop=CONFIG, batch=args.batch,
+        warmup=args.warmup, kvpop_config=CONFIG, batch=args.batch,
     )  # fmt: skip
     model, name = bench_model(
         shape=args.shape,

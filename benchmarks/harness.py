@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpop_compile.atomic import atomic_write
-from kvpop_compile.evaluation.long_context_report import table
 
 # Shared with `kvpop-compile bench`, so they live in the package (the wheel has no benchmarks/).
-from kvpop_compile.evaluation.long_context_settings import context_label
-from kvpop_compile.evaluation.model_shapes import SHAPES, qwen3_model
-from kvpop_compile.evaluation.peak_memory import PeakMemory, peak_memory_supported
+from kvpop_compile.evaluation.bench.model_shapes import SHAPES, qwen3_model
+from kvpop_compile.evaluation.bench.peak_memory import PeakMemory, peak_memory_supported
+from kvpop_compile.evaluation.bench.report import table
+from kvpop_compile.evaluation.bench.settings import context_label
 
 __all__ = [
     "SHAPES", "Measured", "MiB", "PeakMemory", "Section", "Target", "Timing", "context_label",

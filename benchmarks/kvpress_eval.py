@@ -48,16 +48,16 @@ from kvpop_compile.evaluation.data import (  # noqa: E402
     Sequence,
     held_out_sequences,
 )
-from kvpop_compile.evaluation.fingerprints import weights_sha256  # noqa: E402
-from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, capacities  # noqa: E402
-from kvpop_compile.evaluation.recall import (  # noqa: E402
+from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
+from kvpop_compile.evaluation.recall.protocol import (  # noqa: E402
     RECALL_FAMILIES,
     RECALL_PROTOCOLS,
     RECALL_SEED,
     decode_stretch,
     group_key,
 )
+from kvpop_compile.fingerprints import weights_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "kvpress_worker.py"
@@ -187,7 +187,8 @@ def recall_groups(
 
 def question_cut(items: list[RecallItem]) -> int:
     """Where the question line starts in each prompt of ``items``: the decode protocol's cut,
-    as :func:`kvpop_compile.evaluation.recall.greedy_answers` finds it; the items must share it."""
+    as :func:`kvpop_compile.evaluation.recall.protocol.greedy_answers` finds it; the items must
+    share it."""
     cuts = sorted({item.prompt.rindex(b"\n") + 1 for item in items})
     if len(cuts) != 1:
         raise ValueError(f"items of one group must share the question's start, got {cuts}")
@@ -265,7 +266,8 @@ def join_parts(outcome: dict, groups: dict[str, list[RecallItem]]) -> dict[str, 
 
 def exact_answers(tokens: list, items: list[RecallItem]) -> list[float]:
     """1.0 per item whose greedy answer ``tokens`` (one list per item) equals its answer bytes
-    in every position, else 0.0 (as :func:`kvpop_compile.evaluation.recall.answer_exactly`)."""
+    in every position, else 0.0 (as
+    :func:`kvpop_compile.evaluation.recall.protocol.answer_exactly`)."""
     if len(tokens) != len(items):
         raise ValueError(f"{len(tokens)} answers for {len(items)} items")
     exact = []

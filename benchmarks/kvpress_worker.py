@@ -170,8 +170,8 @@ def feed(model, ids: torch.Tensor, cache, start: int) -> torch.Tensor:
 
 def greedy(model, logits: torch.Tensor, cache, start: int, steps: int) -> torch.Tensor:
     """``steps`` greedy tokens ``(B, steps)`` from ``logits``, the first at position ``start``;
-    every token but the last is fed back (as :func:`kvpop_compile.evaluation.recall.greedy_tokens`
-    does)."""
+    every token but the last is fed back (as
+    :func:`kvpop_compile.evaluation.recall.protocol.greedy_tokens` does)."""
     tokens = []
     for step in range(steps):
         token = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -210,7 +210,8 @@ def answer_decode(model, prompts, answer_length: int, press, kept: int, cut: int
     """Greedy answers ``(B, answer_length)`` under the decode protocol, the press active
     throughout: ``prompts[:, :cut]`` prefilled (compressed to ``kept``), ``stretch`` tokens
     generated and fed, then the question ``prompts[:, cut:]`` and the answer, one token per
-    forward (positions as :func:`kvpop_compile.evaluation.recall.greedy_answers` gives them)."""
+    forward (positions as :func:`kvpop_compile.evaluation.recall.protocol.greedy_answers` gives
+    them)."""
     cache = DynamicCache()
     length = prompts.shape[1]
     with press(model) if press is not None else nullcontext():

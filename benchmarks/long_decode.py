@@ -53,7 +53,7 @@ class Settings:
     layers: int
     vocab: int
     contexts: tuple[int, ...]  # tokens held before the timed steps
-    kvpop: kc.KVpopConfig
+    kvpop_config: kc.KVpopConfig
     steps: int  # decode steps per timed run
     repeats: int  # timed runs
     warmup: int  # untimed steps first (compilation happens here)
@@ -62,12 +62,12 @@ class Settings:
 
 FULL = Settings(
     "qwen3-0.6b", layers=2, vocab=512, contexts=(1024, 4096, 16384, 32768),
-    kvpop=kc.KVpopConfig(sinks=4, window=256, topk=3836), steps=5, repeats=5, warmup=3,
+    kvpop_config=kc.KVpopConfig(sinks=4, window=256, topk=3836), steps=5, repeats=5, warmup=3,
 )  # fmt: skip
 # Compilation alone takes longer than a CI check should: --quick runs the eager paths.
 QUICK = Settings(
     "tiny", layers=2, vocab=256, contexts=(32, 160),
-    kvpop=kc.KVpopConfig(sinks=4, window=16, topk=44), steps=2, repeats=2, warmup=1,
+    kvpop_config=kc.KVpopConfig(sinks=4, window=16, topk=44), steps=2, repeats=2, warmup=1,
     paths=(DYNAMIC, KVPOP_EAGER),
 )  # fmt: skip
 
@@ -205,7 +205,7 @@ def _transient_bytes(step: Callable[[], object], calls: int) -> int | None:
 
 
 def _paths(settings: Settings, folder: Path) -> list[DecodePath]:
-    max_positions = 2 * max(*settings.contexts, settings.kvpop.capacity)
+    max_positions = 2 * max(*settings.contexts, settings.kvpop_config.capacity)
     build = dict(layers=settings.layers, vocab=settings.vocab, max_positions=max_positions)
     generator = torch.Generator().manual_seed(0)
     margin = settings.warmup + (settings.repeats + 1) * settings.steps + 1  # steps per context
@@ -217,7 +217,7 @@ def _paths(settings: Settings, folder: Path) -> list[DecodePath]:
             for name in (DYNAMIC, STATIC)
             if name in settings.paths
         ]
-    model = kc.transform(qwen3_model(settings.shape, **build), settings.kvpop)
+    model = kc.transform(qwen3_model(settings.shape, **build), settings.kvpop_config)
     if KVPOP_EAGER in settings.paths:
         paths.append(KVpopPath(KVPOP_EAGER, model, _eager_step(model), generator))
     if KVPOP_COMPILED in settings.paths:
@@ -283,14 +283,14 @@ def _report(record: Run) -> Section:
     memory = table(
         header, [[p, *(_cell_memory(record, p, n) for n in settings.contexts)] for p in paths]
     )
-    kvpop = settings.kvpop
+    budget = settings.kvpop_config
     section = Section(
         title="Decode at long context",
         method=(
             f"Batch 1, float32, Qwen3 with {settings.layers} layers of `{settings.shape}` shapes "
-            f"(random weights, vocabulary {settings.vocab}). KVpop budget: {kvpop.sinks} sinks + "
-            f"{kvpop.window} window + {kvpop.topk} pool = capacity {kvpop.capacity}, "
-            f"`{kvpop.scorer.value}` scorer. For each context N every path gets a cache holding "
+            f"(random weights, vocabulary {settings.vocab}). KVpop budget: {budget.sinks} sinks + "
+            f"{budget.window} window + {budget.topk} pool = capacity {budget.capacity}, "
+            f"`{budget.scorer.value}` scorer. For each context N every path gets a cache holding "
             "N tokens — written directly (random keys and values where N tokens would have left "
             "them; KVpop's cache holds what its policy keeps after N tokens, so each timed step "
             "evicts) instead of generating N tokens, which would take hours on a CPU — then "
@@ -395,7 +395,7 @@ def _ceiling_note(record: Run) -> str:
     """What bounds the speed-up: the static-cache step at the context closest to KVpop's
     capacity costs what a free policy would, so static(longest) / static(capacity) caps it."""
     settings = record.settings
-    capacity = settings.kvpop.capacity
+    capacity = settings.kvpop_config.capacity
     near = min(settings.contexts, key=lambda n: abs(n - capacity))
     longest = settings.contexts[-1]
     static = record.results[STATIC, longest].timing.median

@@ -22,7 +22,7 @@ from kvpop_compile.runtime import (
     leaving_token,
     update_state_,
 )
-from kvpop_compile.runtime.reference.evict import write_new_token_
+from kvpop_compile.runtime.reference.update_cache import write_new_token_
 
 from .cache_fill import fill_bounded_state
 from .harness import SHAPES, Section, Target, Timing, context_label, interleave, table
@@ -34,7 +34,7 @@ SCORE, EVICT = "scorer update + score", "evict + write"
 @dataclass(frozen=True)
 class Settings:
     shape: str  # a key of harness.SHAPES: the attention's heads and head_dim
-    kvpop: kc.KVpopConfig
+    kvpop_config: kc.KVpopConfig
     context: int  # tokens seen before the timed steps (past capacity: every step evicts)
     steps: int  # steps per timed run
     repeats: int
@@ -101,7 +101,7 @@ def _steps(settings: Settings, generator: torch.Generator) -> dict[tuple[str, st
     """``{(part, mode): call}``: each part on its own identically filled cache."""
     shape = SHAPES[settings.shape]
     kv_heads, head_dim = shape["num_key_value_heads"], shape["head_dim"]
-    config = settings.kvpop
+    config = settings.kvpop_config
     scorer = build_scorer(config, num_kv_heads=kv_heads, head_dim=head_dim).eval()
     q = torch.randn(1, shape["num_attention_heads"], 1, head_dim, generator=generator)
     k, raw_k, v = torch.randn(3, 1, kv_heads, 1, head_dim, generator=generator)
@@ -151,7 +151,7 @@ def _report(settings, timings: dict[tuple[str, str], Timing], model: ModelStep |
     parts = (KVPOP, PLAIN, SCORE, EVICT)
     rows = [[name, *(timings[name, mode].ms() for mode in modes)] for name in parts]
     rows.append(["KVpop − plain (the policy)", *(f"{_policy_ms(timings, m):.3f}" for m in modes)])
-    config = settings.kvpop
+    config = settings.kvpop_config
     section = Section(
         title="Policy overhead",
         method=(

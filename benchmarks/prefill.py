@@ -47,7 +47,7 @@ class Settings:
     lengths: tuple[int, ...]  # KVpop prompts
     full_lengths: tuple[int, ...]  # full-attention prompts (a prefix of `lengths`)
     compare_at: int  # the length of the time-ratio target
-    kvpop: kc.KVpopConfig
+    kvpop_config: kc.KVpopConfig
     repeats: int
     warmup: int  # untimed prefills at the smallest N
 
@@ -59,7 +59,7 @@ FULL = Settings(
     lengths=(8192, 16384, 32768, 65536),
     full_lengths=(8192, 16384, 32768),
     compare_at=32768,
-    kvpop=kc.KVpopConfig(sinks=4, window=256, topk=3836),
+    kvpop_config=kc.KVpopConfig(sinks=4, window=256, topk=3836),
     repeats=1,
     warmup=1,
 )
@@ -70,7 +70,7 @@ QUICK = Settings(
     lengths=(64, 160, 320),
     full_lengths=(64, 160),
     compare_at=160,
-    kvpop=kc.KVpopConfig(sinks=4, window=16, topk=44),
+    kvpop_config=kc.KVpopConfig(sinks=4, window=16, topk=44),
     repeats=2,
     warmup=1,
 )
@@ -78,10 +78,10 @@ QUICK = Settings(
 
 def _prefills(settings: Settings):
     """``{name: prefill(input_ids)}`` for the two models (same weights)."""
-    max_positions = 2 * max(*settings.lengths, settings.kvpop.capacity)
+    max_positions = 2 * max(*settings.lengths, settings.kvpop_config.capacity)
     build = dict(layers=settings.layers, vocab=settings.vocab, max_positions=max_positions)
     baseline = qwen3_model(settings.shape, **build)
-    model = kc.transform(qwen3_model(settings.shape, **build), settings.kvpop)
+    model = kc.transform(qwen3_model(settings.shape, **build), settings.kvpop_config)
     return {
         FULL_ATTENTION: lambda ids: baseline(input_ids=ids, use_cache=True, logits_to_keep=1),
         KVPOP: lambda ids: kc.prefill(model, ids, kc.new_cache(model)),
@@ -116,10 +116,10 @@ def _measure_scorer(settings: Settings, generator: torch.Generator) -> Measured:
     prefill that a full-attention prefill does not have, besides the eviction steps."""
     shape = SHAPES[settings.shape]
     kv_heads, head_dim = shape["num_key_value_heads"], shape["head_dim"]
-    scorer = build_scorer(settings.kvpop, num_kv_heads=kv_heads, head_dim=head_dim).eval()
+    scorer = build_scorer(settings.kvpop_config, num_kv_heads=kv_heads, head_dim=head_dim).eval()
     n = settings.lengths[-1]
     raw_k, v = torch.randn(2, 1, kv_heads, n, head_dim, generator=generator)
-    window = settings.kvpop.window
+    window = settings.kvpop_config.window
     call = partial(scorer.score_sequence, raw_k, v, window)
     return interleave({SCORER: call}, repeats=settings.repeats, peak=True)[SCORER]
 
@@ -139,7 +139,7 @@ def _report(settings: Settings, results: dict[tuple[str, int], Measured]) -> Sec
                 mib(kvpop.peak_bytes),
             ]
         )
-    config = settings.kvpop
+    config = settings.kvpop_config
     section = Section(
         title="Prefill",
         method=(

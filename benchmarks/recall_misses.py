@@ -26,9 +26,9 @@ import torch  # noqa: E402
 from benchmarks.harness import write_report  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, recall_items  # noqa: E402
-from kvpop_compile.evaluation.kept import heads_holding_evidence, heads_holding_span  # noqa: E402
 from kvpop_compile.evaluation.methods import BUDGETS, POLICIES, build_model, methods  # noqa: E402
-from kvpop_compile.evaluation.recall import RECALL_SEED, greedy_answers  # noqa: E402
+from kvpop_compile.evaluation.recall.kept import heads_holding_evidence, heads_holding_span  # noqa: E402
+from kvpop_compile.evaluation.recall.protocol import RECALL_SEED, greedy_answers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recall_misses.md"
 BATCH = 16

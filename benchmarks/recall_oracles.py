@@ -40,7 +40,7 @@ from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noq
 from kvpop_compile.evaluation.data import held_out_sequences  # noqa: E402
 from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, Method, build_model  # noqa: E402
 from kvpop_compile.evaluation.protocols import teacher_forced  # noqa: E402
-from kvpop_compile.evaluation.recall import RECALL_SEED, greedy_answers  # noqa: E402
+from kvpop_compile.evaluation.recall.protocol import RECALL_SEED, greedy_answers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recall_oracles.md"
 TEXT_RESULTS = RESULTS.with_name("text_oracles.md")

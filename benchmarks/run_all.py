@@ -4,7 +4,7 @@
     python benchmarks/run_all.py --quick    # tiny sizes and eager paths only: checks it runs
     python benchmarks/run_all.py --quick --only bench   # kvpop-compile bench's code, tiny
 
-The ``bench`` family is ``kvpop-compile bench`` (:mod:`kvpop_compile.evaluation.long_context`)
+The ``bench`` family is ``kvpop-compile bench`` (:mod:`kvpop_compile.evaluation.bench.run`)
 on a small model; ``--quick`` runs it only when ``--only bench`` names it, so the quick suite's
 families stay the four CI checks.
 
@@ -35,15 +35,15 @@ import kvpop_compile as kc  # noqa: E402
 from benchmarks import long_decode, policy_overhead, prefill, target_pass  # noqa: E402
 from benchmarks.harness import Section, qwen3_model  # noqa: E402
 from benchmarks.plots import matplotlib_available  # noqa: E402
-from kvpop_compile.evaluation.long_context import cpu_name, run_bench  # noqa: E402
-from kvpop_compile.evaluation.long_context_report import (  # noqa: E402
+from kvpop_compile.evaluation.bench.report import (  # noqa: E402
     COLUMN_NOTES,
     bench_json,
     bench_setup,
     bench_table,
     plot_bench,
 )
-from kvpop_compile.evaluation.long_context_settings import METHODS, BenchSettings  # noqa: E402
+from kvpop_compile.evaluation.bench.run import cpu_name, run_bench  # noqa: E402
+from kvpop_compile.evaluation.bench.settings import METHODS, BenchSettings  # noqa: E402
 
 FAMILIES = ("decode", "policy", "target", "prefill", "bench")
 QUICK_FAMILIES = ("decode", "policy", "target", "prefill")  # what --quick runs unless --only
@@ -54,12 +54,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BENCH_FULL = dict(
     shape="qwen3-0.6b", layers=2, vocab=512,
     settings=BenchSettings(contexts=(2048, 8192), decode_tokens=8, warmup=3,
-                           kvpop=kc.KVpopConfig(sinks=4, window=128, topk=892)),
+                           kvpop_config=kc.KVpopConfig(sinks=4, window=128, topk=892)),
 )  # fmt: skip
 BENCH_QUICK = dict(
     shape="tiny", layers=1, vocab=256,
     settings=BenchSettings(contexts=(32, 96), methods=("dynamic", "eager"), decode_tokens=2,
-                           warmup=1, kvpop=kc.KVpopConfig(sinks=2, window=8, topk=22)),
+                           warmup=1, kvpop_config=kc.KVpopConfig(sinks=2, window=8, topk=22)),
 )  # fmt: skip
 
 
@@ -73,7 +73,7 @@ def _model_step(decode: Section | None, quick: bool) -> policy_overhead.ModelSte
     kvpop_ms = long_decode.median_ms(decode, path, settings.contexts[-1])
     if kvpop_ms is None:
         return None
-    capacity = settings.kvpop.capacity
+    capacity = settings.kvpop_config.capacity
     at_capacity = (
         long_decode.median_ms(decode, long_decode.KVPOP_COMPILED, capacity),
         long_decode.median_ms(decode, long_decode.STATIC, capacity),
@@ -89,7 +89,7 @@ def bench_section(quick: bool) -> Section:
     """``kvpop-compile bench``'s measurements on a small model, as one of the suite's sections."""
     spec = BENCH_QUICK if quick else BENCH_FULL
     settings = spec["settings"]
-    longest = max(*settings.contexts, settings.kvpop.capacity)
+    longest = max(*settings.contexts, settings.kvpop_config.capacity)
     model = qwen3_model(
         spec["shape"], layers=spec["layers"], vocab=spec["vocab"], max_positions=2 * longest
     )
@@ -99,7 +99,7 @@ def bench_section(quick: bool) -> Section:
         title="Prefill and decode end to end (kvpop-compile bench)",
         method=(
             "What `kvpop-compile bench` measures on a user's machine "
-            "(`kvpop_compile.evaluation.long_context`): for each N, a random N-token prompt "
+            "(`kvpop_compile.evaluation.bench.run`): for each N, a random N-token prompt "
             "runs into a new cache and decode steps follow; methods: "
             f"{', '.join(METHODS[m] for m in settings.methods)}. {bench_setup(result)}"
         ),

@@ -95,8 +95,8 @@ def fraction(moved_bytes: float, ms: float, peak: float | None) -> str:
 
 def decode_row(shapes: Shapes, capacity: int, batch: int, device, peak):
     """Decode attention at one capacity and batch: the table row and the kernel's median ms."""
-    from kvpop_compile.runtime.kernels import bounded_decode_attention
-    from kvpop_compile.runtime.reference import bounded_decode_attention as reference
+    from kvpop_compile.runtime.kernels import decode_attention
+    from kvpop_compile.runtime.reference import decode_attention as reference
 
     h, g, d, dtype = shapes.kv_heads, shapes.group, shapes.head_dim, shapes.dtype
     q = torch.randn(batch, h * g, 1, d, device=device, dtype=dtype)
@@ -105,11 +105,9 @@ def decode_row(shapes: Shapes, capacity: int, batch: int, device, peak):
     positions = torch.arange(capacity, device=device).expand(batch, h, capacity).contiguous()
     scale = d**-0.5
     moved = 2 * keys.numel() * keys.element_size() + positions.numel() * 8
-    kernel = median_ms(
-        lambda: bounded_decode_attention(q, keys, values, positions, scale, False), device
-    )
+    kernel = median_ms(lambda: decode_attention(q, keys, values, positions, scale, False), device)
     with_probs = median_ms(
-        lambda: bounded_decode_attention(q, keys, values, positions, scale, True), device
+        lambda: decode_attention(q, keys, values, positions, scale, True), device
     )
     plain = median_ms(lambda: reference(q, keys, values, positions, scale=scale), device)
     row = [f"decode attention C={capacity} batch {batch}", f"{kernel * 1e3:.1f}",

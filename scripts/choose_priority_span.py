@@ -9,11 +9,12 @@ weights, so the same trained tensors can be used with any span, and the best spa
 budget: a wider span keeps more of each line the scorer rated, a narrower one leaves pool slots
 for more lines. This measures the scorer in ``FOLDER`` at its own capacity and window with each of
 ``--spans``, by the mean probability of the exact answer (prefill protocol; the smooth
-counterpart of exact match, ``evaluation/recall.answer_probability``) on ``--items`` recall items
-per family group and task of ``--split`` (``validation`` by default: the standard library's test
-folder, code the model never saw and no benchmark asks about; never held-out code), in the
-trained families and the validation ones (``training/selection.SELECTION_FAMILIES``; never the
-held-out families the benchmark's rows ask), drawn with ``--seed``.
+counterpart of exact match, ``evaluation/recall/protocol.answer_probability``) on ``--items``
+recall items per family group and task of ``--split`` (``validation`` by default: the standard
+library's test folder, code the model never saw and no benchmark asks about; never held-out
+code), in the trained families and the validation ones
+(``training/selection.SELECTION_FAMILIES``; never the held-out families the benchmark's rows
+ask), drawn with ``--seed``.
 
 ``--spans`` must include the span the folder is saved with, so that every other is measured
 against it. The highest mean wins, except that the saved span stays unless another beats it by
@@ -54,7 +55,7 @@ from train_embedded_scorers import (  # noqa: E402
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
-from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
+from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, tensors_sha256  # noqa: E402
 from kvpop_compile.training.selection import SELECTION_FAMILIES, SELECTION_SPLITS  # noqa: E402
 

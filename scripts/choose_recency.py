@@ -57,10 +57,10 @@ from train_embedded_scorers import (  # noqa: E402
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.evaluation.data import validation_sequences  # noqa: E402
-from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
-from kvpop_compile.evaluation.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.evaluation.methods import WINDOW, budget_config  # noqa: E402
 from kvpop_compile.evaluation.protocols import teacher_forced  # noqa: E402
+from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
+from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config  # noqa: E402
 from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
 

@@ -105,7 +105,6 @@ from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E40
 from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
 from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
-from kvpop_compile.evaluation.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.evaluation.methods import (  # noqa: E402
     BUDGETS,
     EMBEDDED_SCORERS,
@@ -113,7 +112,8 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
-from kvpop_compile.evaluation.recall import answer_exactly, answer_probability  # noqa: E402
+from kvpop_compile.evaluation.recall.protocol import answer_exactly, answer_probability  # noqa: E402
+from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
 from kvpop_compile.training.selection import (  # noqa: E402
     SELECTION_FAMILIES,

@@ -1,12 +1,18 @@
 """The command line's argument types: each checks one value as it is parsed (before a model
-loads) and refuses a bad one with a message naming it and what is allowed."""
+loads) and refuses a bad one with a message naming it and what is allowed; the defaults and
+choices the flags take from the library; and the actions of old flag spellings (deprecated
+aliases that warn, refused spellings that name the new flag)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import math
 import re
+import sys
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 
 
@@ -29,6 +35,7 @@ def integer(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
         return value
 
+    parse.describes = f"integer >= {minimum}"
     return parse
 
 
@@ -45,6 +52,7 @@ def number(*, positive: bool) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
         return value
 
+    parse.describes = f"number {bound}"
     return parse
 
 
@@ -77,7 +85,7 @@ def eval_data(text: str) -> str:
 
 def contexts(text: str) -> tuple[int, ...]:
     """argparse type: prompt lengths such as ``8k,32k`` (k = 1024 tokens)."""
-    from ..evaluation.long_context_settings import parse_contexts
+    from ..evaluation.bench import parse_contexts
 
     try:
         return parse_contexts(text)
@@ -87,7 +95,7 @@ def contexts(text: str) -> tuple[int, ...]:
 
 def bench_methods(text: str) -> tuple[str, ...]:
     """argparse type: benchmark methods, comma-separated."""
-    from ..evaluation.long_context_settings import METHODS
+    from ..evaluation.bench import METHODS
 
     methods = tuple(item.strip() for item in text.split(","))
     for method in methods:
@@ -136,11 +144,96 @@ def device(text: str) -> str:
     return text
 
 
+def field_default(kind: type, name: str):
+    """The default of field ``name`` of the dataclass ``kind`` (an enum member as its value), as
+    the library defines it: a flag that sets the field shows and uses it."""
+    (field,) = [field for field in dataclasses.fields(kind) if field.name == name]
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    else:
+        default = field.default_factory()
+    return default.value if isinstance(default, Enum) else default
+
+
+def parameter_default(function: Callable, name: str):
+    """The default of ``function``'s keyword parameter ``name`` (a stand-in for ``function``,
+    such as a test's recorder, keeps it with ``functools.wraps``)."""
+    parameter = inspect.signature(function).parameters.get(name)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        raise TypeError(f"{function.__qualname__} has no parameter {name!r} with a default")
+    return parameter.default
+
+
+def enum_values(kind: type[Enum]) -> list[str]:
+    """The values of the enum ``kind``, in its order: the choices of a flag that names one."""
+    return [member.value for member in kind]
+
+
+# The policy's budget: the ``KVpopConfig`` fields a command line sets, each a flag spelled like
+# its field, with its type and help; the default and the choices come from KVpopConfig and
+# ScorerKind (parser.budget_arguments).
+BUDGET_FIELDS = {
+    "sinks": (integer(0), "the first positions, always kept"),
+    "window": (integer(1), "the most recent tokens, the current one included, always kept"),
+    "topk": (
+        integer(0),
+        "the pool: older tokens of highest priority; the capacity per layer and KV head is "
+        "sinks + window + topk",
+    ),
+    "lam": (
+        number(positive=False),
+        "a token's priority rises by LAM per position, so that of two tokens scored alike the "
+        "newer stays",
+    ),
+    "scorer": (None, "the policy that scores the tokens leaving the window"),
+    "priority_span": (
+        integer(0),
+        "a token's score also counts for the P tokens that leave the window after it; 0: off",
+    ),
+}
+
+
 def config_from_arguments(args: argparse.Namespace):
-    """The ``KVpopConfig`` of the :func:`budget_arguments`."""
+    """The ``KVpopConfig`` of the budget flags (:data:`BUDGET_FIELDS`)."""
     from ..config import KVpopConfig
 
-    return KVpopConfig(
-        sinks=args.sinks, window=args.window, topk=args.topk, lam=args.lam, scorer=args.scorer,
-        priority_span=args.priority_span,
-    )  # fmt: skip
+    return KVpopConfig(**{name: getattr(args, name) for name in BUDGET_FIELDS})
+
+
+class DeprecatedAliases(argparse.Action):
+    """``store``, where the option strings in ``deprecated`` are old spellings of the first
+    one: they still work, and each use prints one line on stderr naming the new spelling."""
+
+    def __init__(self, option_strings, dest, deprecated=(), help=None, **kwargs):
+        self.deprecated = tuple(deprecated)
+        unknown = [name for name in self.deprecated if name not in option_strings[1:]]
+        if unknown:
+            raise ValueError(f"deprecated spellings {unknown} are not aliases of {option_strings}")
+        if help is not None and self.deprecated:
+            help = f"{help}; {', '.join(self.deprecated)}: deprecated spelling"
+        super().__init__(option_strings, dest, help=help, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string in self.deprecated:
+            print(
+                f"{parser.prog}: {option_string} is deprecated, use {self.option_strings[0]} "
+                "(the same option)",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
+
+
+class Refused(argparse.Action):
+    """An old spelling that a verb refuses because it would now mean something else there: its
+    use ends in one line naming ``use``, the flag that now takes the value, and ``why``."""
+
+    def __init__(self, option_strings, dest, use: str, why: str, **_):
+        self.use, self.why = use, why
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )  # fmt: skip
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = "" if values is None else f" {values}"
+        parser.error(f"{option_string}{value}: {self.why}: use {self.use}{value}")

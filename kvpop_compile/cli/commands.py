@@ -20,7 +20,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
     check_demo_items(args.items, args.context)  # before the model loads
     result = run_demo(
-        items=args.items, context=args.context, model_path=args.model, scorer=args.scorer,
+        items=args.items, context=args.context, model_path=args.model, scorer=args.scorer_path,
         policy=args.policy, capacity=args.capacity, image=None if args.no_image else args.image,
     )  # fmt: skip
     for line in result.report():
@@ -46,7 +46,7 @@ def eval_command(args: argparse.Namespace) -> int:
             run = "kvpop-compile eval --recall" if args.recall else "kvpop-compile eval"
             raise FileNotFoundError(f"{saved} not found: run {run} without --report-only first")
         if args.recall:  # recall.md from recall.json, joined with kvpress_recall.json if there
-            from ..evaluation.recall_report import write_recall_report
+            from ..evaluation.recall import write_recall_report
 
             result = write_recall_report(json.loads(saved.read_text()), out)
         else:
@@ -61,14 +61,14 @@ def eval_command(args: argparse.Namespace) -> int:
         )
     from ..evaluation.methods import methods, runnable_policies
 
-    # Trained scorers are at hand for the embedded model (shipped) or with --scorers.
+    # Trained scorers are at hand for the embedded model (shipped) or with --scorer-root.
     policies, notes = runnable_policies(
         None if args.policies is None else tuple(args.policies),
-        scorers=args.model is None or args.scorers is not None,
+        scorers=args.model is None or args.scorer_root is not None,
     )
     if not args.recall:  # the recall items have lengths of their own
         # before the model loads
-        methods(policies, args.budgets, args.length, args.priority_span, args.scorers)
+        methods(policies, args.budgets, args.length, args.priority_span, args.scorer_root)
     if args.model is None:
         from ..embedded import load_embedded_model
 
@@ -114,7 +114,7 @@ def _eval_sequences(
     )  # fmt: skip
     result = evaluate_sequences(
         model, out, data, policies=policies, budgets=args.budgets, settings=settings,
-        scorer_root=args.scorers, model_name=name, about=about,
+        scorer_root=args.scorer_root, model_name=name, about=about,
         plots=not args.no_plots, priority_span=args.priority_span,
     )  # fmt: skip
     print(result["document"])
@@ -135,14 +135,14 @@ def _eval_own_data(
     else:
         tokenizer = UTF8_BYTES  # the embedded model is byte-level and has no tokenizer files
     if is_answers(args.data):
-        from ..evaluation.answers import evaluate_answers
         from ..evaluation.own_data import answer_items
+        from ..evaluation.quality import evaluate_answers
 
         items = answer_items(args.data, tokenizer, model.config.max_position_embeddings)
         result = evaluate_answers(
             model, out, items, methods=methods(policies, args.budgets, args.length,
-                                               args.priority_span, args.scorers),
-            batch=args.batch, scorer_root=args.scorers, model_name=name,
+                                               args.priority_span, args.scorer_root),
+            batch=args.batch, scorer_root=args.scorer_root, model_name=name,
             data=f"`{args.data}`", tokenizer=None if tokenizer.byte_tokens else tokenizer.name,
             notes=notes,
         )  # fmt: skip
@@ -160,8 +160,7 @@ def _eval_own_data(
 
 def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies, notes) -> int:
     from ..evaluation.methods import methods
-    from ..evaluation.recall import RecallSettings
-    from ..evaluation.recall_report import evaluate_recall
+    from ..evaluation.recall import RecallSettings, evaluate_recall
 
     settings = RecallSettings(
         items=args.recall_items, batch=args.batch, lengths=args.recall_lengths,
@@ -170,9 +169,9 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
     result = evaluate_recall(
         model, out,
         methods=methods(policies, args.budgets, priority_span=args.priority_span,
-                        scorer_root=args.scorers),
+                        scorer_root=args.scorer_root),
         settings=settings,
-        scorer_root=args.scorers, model_name=name, resume=args.resume,
+        scorer_root=args.scorer_root, model_name=name, resume=args.resume,
     )  # fmt: skip
     print(result["document"])
     for note in notes:
@@ -184,9 +183,14 @@ def _eval_recall(args: argparse.Namespace, model, name: str, out: Path, policies
 def bench_command(args: argparse.Namespace) -> int:
     import torch
 
-    from ..evaluation.long_context import bench_model, run_bench
-    from ..evaluation.long_context_report import bench_setup, bench_table, write_bench
-    from ..evaluation.long_context_settings import BenchSettings
+    from ..evaluation.bench import (
+        BenchSettings,
+        bench_model,
+        bench_setup,
+        bench_table,
+        run_bench,
+        write_bench,
+    )
 
     if args.layers is not None and args.model is not None:
         raise ValueError(
@@ -199,7 +203,7 @@ def bench_command(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         contexts=tuple(n for group in args.contexts for n in group),
         methods=tuple(m for group in args.methods for m in group),
-        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop=config, batch=args.batch,
+        decode_tokens=args.decode_tokens, warmup=args.warmup, kvpop_config=config, batch=args.batch,
     )  # fmt: skip
     check_bench_memory(args, settings, device)  # before the model is built or loaded
     model, name = bench_model(

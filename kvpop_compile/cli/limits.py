@@ -64,7 +64,7 @@ def _bench_shape(args: argparse.Namespace):
 
         config = AutoConfig.from_pretrained(args.model)
         return config if config.model_type in SUPPORTED_MODEL_TYPES else None
-    from ..evaluation.model_shapes import MODELS
+    from ..evaluation.bench import MODELS
 
     size = MODELS[args.shape]
     return argparse.Namespace(
@@ -83,8 +83,7 @@ def check_bench_memory(args: argparse.Namespace, settings, device: str) -> None:
     context and the ``warmup + decode_tokens`` steps; KVpop's holds ``capacity`` tokens of keys
     and values (and a little scorer state, not counted here: the bound is a lower one).
     """
-    from ..evaluation.long_context import DTYPES
-    from ..evaluation.long_context_settings import TRANSFORMERS_METHODS, context_label
+    from ..evaluation.bench import DTYPES, TRANSFORMERS_METHODS, context_label
 
     shape = _bench_shape(args)
     if shape is None:
@@ -97,7 +96,7 @@ def check_bench_memory(args: argparse.Namespace, settings, device: str) -> None:
 
     def cached_tokens(n: int) -> int:
         held = [n + steps] if transformers else []
-        return min([*held, *([settings.kvpop.capacity] if kvpop else [])])
+        return min([*held, *([settings.kvpop_config.capacity] if kvpop else [])])
 
     def needed(n: int, batch: int) -> int:
         return batch * (ID_BYTES * n + per_token * cached_tokens(n))

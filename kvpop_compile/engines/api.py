@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import transformers
 from torch import nn
 
 from ..config import KVpopConfig, require_int
+from ..fingerprints import weights_sha256
 from ..kv_cache import KVpopCache
 from ..transform import require_transformed
 from . import aoti, onnx_engine, tensorrt
@@ -31,19 +31,6 @@ MODEL_FIELDS = (
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def weights_sha256(model: nn.Module) -> str:
-    """SHA-256 of a model's ``state_dict`` (the LLM's weights and the scorers' parameters): every
-    entry's name, dtype, shape and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach()
-        digest.update(f"{name}|{_dtype_name(tensor.dtype)}|{list(tensor.shape)}\n".encode())
-        # Raw bytes whatever the dtype (numpy has no bfloat16): view them as uint8.
-        raw = tensor.cpu().contiguous().reshape(-1).view(torch.uint8)
-        digest.update(raw.numpy().data)
-    return digest.hexdigest()
 
 
 def _model_description(model: nn.Module) -> dict:

@@ -26,8 +26,12 @@ from ..atomic import replace_folder, sha256
 
 MANIFEST = "manifest.json"
 # Version 2 adds the manifest's own hash and the weights' hash; version 3, engine files that
-# record their own inputs and the weights and config they were exported from.
-MANIFEST_VERSION = 3
+# record their own inputs and the weights and config they were exported from; version 4, the
+# weights' hash of kvpop_compile.fingerprints.weights_sha256 (the one the benchmarks' results
+# record), where versions 2 and 3 hashed the weights another way.
+MANIFEST_VERSION = 4
+OTHER_WEIGHTS_HASH = (2, 3)
+"""Manifest versions whose ``weights_sha256`` no model's digest matches any more."""
 STEPS = ("decode", "prefill")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int64": torch.int64}  # fmt: skip
@@ -165,6 +169,13 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(
             f"{manifest_path} must hold a JSON object (format, steps, batch, state, files, ...), "
             f"got {_json_type(manifest)}: it is not an engine manifest"
+        )
+    if manifest.get("manifest_version") in OTHER_WEIGHTS_HASH:
+        raise ValueError(
+            f"{manifest_path} has manifest version {manifest['manifest_version']}, whose "
+            f"weights_sha256 was computed another way than this kvpop_compile's (manifest "
+            f"version {MANIFEST_VERSION}), so no model can be checked against it: re-export the "
+            "model with this version"
         )
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         raise ValueError(

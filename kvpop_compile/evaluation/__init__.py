@@ -1,18 +1,31 @@
-"""The quality benchmark (``kvpop-compile eval``): bounded caches against full attention.
+"""What ``kvpop-compile eval``, ``bench`` and ``demo`` run: one wing per command, and the
+modules the wings share.
 
-:func:`evaluate` runs full attention and every policy at 75% and 88% compression over held-out
-standard-library sequences, and writes ``quality.json`` (per-sequence sums), ``quality.md``
-(tables with 95% intervals, targets) and PNG plots; :func:`evaluate_sequences` does the same
-on any sequences, such as a user's own text (:mod:`.own_data`). See :mod:`.quality` for the run
-and its files, :mod:`.benchmark` for what is measured and :mod:`.report` for how it is
-summarised.
+- :mod:`.quality` (``eval``): full attention and every policy at 75% and 88% compression over
+  held-out standard-library sequences or a user's own text, ``quality.json`` / ``quality.md``
+  and PNG plots; a user's own questions (``eval --data records.jsonl``) as exact-match answers.
+- :mod:`.recall` (``eval --recall``): exact-match answers to long-range recall items, by
+  family group, task and length, with kvpress's presses beside them.
+- :mod:`.bench` (``bench``): long-context prefill and decode speed and memory against
+  transformers' caches.
+- :mod:`.demo` (``demo``): one held-out recall question, three caches, and the picture of what
+  each bounded cache holds.
+
+Shared: :mod:`.data` (held-out and validation sequences), :mod:`.own_data` (a user's checkpoint,
+tokenizer, text and questions), :mod:`.methods` (full attention and every policy at each
+budget), :mod:`.protocols` (the ways of running a model over a sequence), :mod:`.statistics`
+(pooled figures with bootstrap intervals) and :mod:`.plotting` (matplotlib for the PNGs).
+
+This front file keeps the quality benchmark's names: :func:`evaluate` runs it over held-out
+sequences and :func:`evaluate_sequences` over any sequences, both writing their files with
+:func:`write_report`.
 """
 
-from .benchmark import PROTOCOLS, EvalSettings, run_eval
 from .data import PROMPT_LENGTH, SEQUENCE_LENGTH, Sequence, held_out_sequences
-from .long_range import long_range_targets
 from .methods import BUDGETS, POLICIES, capacities, methods
-from .quality import evaluate, evaluate_sequences, write_report
+from .quality.long_range import long_range_targets
+from .quality.measure import PROTOCOLS, EvalSettings, run_eval
+from .quality.run import evaluate, evaluate_sequences, write_report
 
 __all__ = [
     "BUDGETS",

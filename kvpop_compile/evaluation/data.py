@@ -37,7 +37,7 @@ class Sequence:
     """One benchmark sequence: ``ids`` is (length + 1,) int64 tokens of ``source``.
 
     ``byte_tokens``: the ids are UTF-8 bytes (a byte-level model), so long-range targets
-    (:mod:`.long_range`, which reads identifiers in bytes) can be found in them.
+    (:mod:`.quality.long_range`, which reads identifiers in bytes) can be found in them.
     """
 
     source: str  # relative path of the file, with the window's offset in it

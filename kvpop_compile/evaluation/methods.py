@@ -50,6 +50,9 @@ BUDGETS = capacities()
 POLICIES = tuple(kind.value for kind in ScorerKind)
 """memory, mlp, window (StreamingLLM), random, knorm, h2o, tova."""
 FULL = "full"
+NO_PRESS = "none"
+"""kvpress's run without a press (its own full attention), in the results files that
+``benchmarks/kvpress_eval.py`` writes."""
 EMBEDDED_SCORERS = Path(__file__).resolve().parents[1] / "embedded" / "scorers"
 """Folder of the scorers trained for the embedded model, one sub-folder per policy and budget."""
 
@@ -215,7 +218,7 @@ def runnable_policies(
     """The policies to run and a note on any left out.
 
     ``requested`` None means every policy; where no trained scorers are at hand (``scorers``
-    False: a user's model without ``--scorers``) that is every heuristic policy, with a note
+    False: a user's model without ``--scorer-root``) that is every heuristic policy, with a note
     saying so, and a learned policy requested by name raises ``ValueError``.
     """
     wanted = tuple(requested) if requested is not None else POLICIES
@@ -225,13 +228,13 @@ def runnable_policies(
     if requested is not None:
         raise ValueError(
             f"--policies {' '.join(learned)}: learned policies need scorers trained for this "
-            "model; pass --scorers (a folder of <policy>-<capacity>/ scorers), or leave them out "
-            "of --policies"
+            "model; pass --scorer-root (a folder of <policy>-<capacity>/ scorers), or leave them "
+            "out of --policies"
         )
     heuristic = tuple(p for p in wanted if p not in learned)
     note = (
         f"The learned policies ({', '.join(learned)}) were not run: they need scorers trained "
-        "for this model (--scorers, a folder of <policy>-<capacity>/ scorers)."
+        "for this model (--scorer-root, a folder of <policy>-<capacity>/ scorers)."
     )
     return heuristic, [note]
 
@@ -241,11 +244,11 @@ def trained_scorer(method: Method, root: str | Path | None = None) -> Path:
     with the embedded model); ``FileNotFoundError`` naming it when it is missing."""
     folder = scorer_folder(method.policy, method.capacity, root)
     if not folder.is_dir():
-        hint = "train one with scripts/train_embedded_scorers.py or pass --scorers"
+        hint = "train one with scripts/train_embedded_scorers.py or pass --scorer-root"
         if root is None and method.length != SEQUENCE_LENGTH:
             hint = (
                 f"the shipped scorers are for sequences of {SEQUENCE_LENGTH} tokens: pass "
-                "--scorers, or --policies without memory and mlp"
+                "--scorer-root, or --policies without memory and mlp"
             )
         raise FileNotFoundError(
             f"no trained {method.policy} scorer for capacity {method.capacity} at {folder}; {hint}"

@@ -10,7 +10,7 @@
   sequences are (:mod:`.data`). Joining rather than windowing each file keeps short files: a
   folder of notes gives as many sequences as its text allows.
 - A ``.jsonl`` file of ``{"prompt": ..., "answer": ...}`` records becomes question items for
-  the exact-match protocol (:mod:`.answers`).
+  the exact-match protocol (:mod:`.quality.answers`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from ..config import KVpopConfig
 from . import ops  # noqa: F401  (registers the kvpop ops)
 from .cache import BoundedCacheState
 from .decode_step import check_inputs, decode_tokens, gather_slots
-from .reference.eviction import spread_scores, token_priority
+from .policy import spread_scores, token_priority
 from .scorers.attention_fed import AttentionFedScorer
 from .scorers.base import Scorer
 

@@ -24,9 +24,7 @@ from ..config import KVpopConfig
 from . import ops  # noqa: F401  (registers the kvpop ops)
 from .cache import BoundedCacheState
 from .ops import check_rows
-from .reference.attention import query_group
-from .reference.evict import window_slot
-from .reference.eviction import spread_scores, token_priority
+from .policy import query_group, spread_scores, token_priority, window_slot
 from .scorers.attention_fed import AttentionFedScorer
 from .scorers.base import Scorer
 

@@ -16,9 +16,15 @@ import torch
 from torch.library import triton_op
 
 from .dispatch import use_triton
-from .reference import attention, eviction, target
-from .reference.evict import update_cache_
-from .reference.memory_scorer import memory_scorer_step_
+from .reference.decode_attention import decode_attention as decode_attention_reference
+from .reference.eviction_steps import unchecked_eviction_steps
+from .reference.future_attention_target import (
+    future_attention_target as future_attention_target_reference,
+)
+from .reference.masked_attention import masked_attention as masked_attention_reference
+from .reference.memory_scorer_step import memory_scorer_step_
+from .reference.running_topk_boundary import unchecked_running_topk_boundary
+from .reference.update_cache import update_cache_
 
 
 def check_rows(rows: torch.Tensor | None, batch: int, device: torch.device) -> None:
@@ -55,7 +61,7 @@ def eviction_steps(priority: torch.Tensor, sinks: int, window: int, topk: int) -
     """Parallel eviction steps ``(..., N)`` int64 of static ``priority (..., N)``."""
     if use_triton(priority):
         return _kernels().eviction_steps(priority, sinks, window, topk)
-    return eviction.unchecked_eviction_steps(priority, sinks, window, topk)
+    return unchecked_eviction_steps(priority, sinks, window, topk)
 
 
 @triton_op("kvpop::running_topk_boundary", mutates_args=())
@@ -63,12 +69,12 @@ def running_topk_boundary(
     priority: torch.Tensor, sinks: int, window: int, topk: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The running top-k's keep-or-drop decision at every query of static ``priority (..., N)``:
-    the fields of :class:`~.reference.eviction.BoundaryDecisions` (``new``, ``boundary``,
+    the fields of :class:`~.policy.BoundaryDecisions` (``new``, ``boundary``,
     ``keep``, ``valid``), each ``(..., N)``."""
     if use_triton(priority):
         decisions = _kernels().running_topk_boundary(priority, sinks, window, topk)
     else:
-        decisions = eviction.unchecked_running_topk_boundary(priority, sinks, window, topk)
+        decisions = unchecked_running_topk_boundary(priority, sinks, window, topk)
     # `new` is a broadcast view; an op's outputs are tensors of their own.
     return decisions.new.contiguous(), decisions.boundary, decisions.keep, decisions.valid
 
@@ -88,7 +94,7 @@ def masked_attention(
     ``block`` sizes the reference's query blocks; the kernel tiles on its own."""
     if use_triton(q):
         return _kernels().masked_attention(q, k, v, evict_step, scale, key_positions)
-    return attention.masked_attention(
+    return masked_attention_reference(
         q, k, v, evict_step, scale=scale, block=block, key_positions=key_positions
     )
 
@@ -109,12 +115,8 @@ def decode_attention(
     ``keys, values (P, Hkv, C, D)``, and query ``b`` reads page ``rows[b]``."""
     check_rows(rows, q.shape[0], keys.device)
     if use_triton(q):
-        return _kernels().bounded_decode_attention(
-            q, keys, values, positions, scale, with_probs, rows=rows
-        )
-    out, probs = attention.bounded_decode_attention(
-        q, keys, values, positions, scale=scale, rows=rows
-    )
+        return _kernels().decode_attention(q, keys, values, positions, scale, with_probs, rows=rows)
+    out, probs = decode_attention_reference(q, keys, values, positions, scale=scale, rows=rows)
     return out, probs if with_probs else probs[..., :0].clone()
 
 
@@ -170,7 +172,7 @@ def memory_scorer_step(
 ) -> torch.Tensor:
     """The ``memory`` scorer's decode step in one op: the new token ``key, value (B, H, D)``
     updates ``state (B, H, dv + 1, r)`` in place, then the leaving token is scored against it;
-    returns ``rhat (B, H)`` float32. ``weights`` as :mod:`.reference.memory_scorer` orders
+    returns ``rhat (B, H)`` float32. ``weights`` as :mod:`.reference.memory_scorer_step` orders
     them. With ``rows (B,)`` the state has ``P`` pages, ``(P, H, dv + 1, r)``, and token ``b``
     updates page ``rows[b]``; other pages are untouched."""
     check_rows(rows, key.shape[0], state.device)
@@ -192,6 +194,6 @@ def future_attention_target(
     the mean or max over future queries."""
     if use_triton(q):
         return _kernels().future_attention_target(q, k, lse, window, scale, aggregate)
-    return target.future_attention_target(
+    return future_attention_target_reference(
         q, k, lse, window=window, scale=scale, block=block, aggregate=aggregate
     )

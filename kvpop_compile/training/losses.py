@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
-from ..runtime.reference.eviction import BoundaryDecisions, beats, token_priority
+from ..runtime.policy import BoundaryDecisions, beats, token_priority
 
 MAX_TARGET_GAP = 10.0  # nats: the widest gap a decision of the weighted loss counts
 

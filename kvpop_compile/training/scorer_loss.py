@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..config import KVpopConfig
-from ..runtime.reference.eviction import token_priority
+from ..runtime.policy import token_priority
 from ..runtime.scorers.base import Scorer
 from .losses import (
     boundary_accuracy,

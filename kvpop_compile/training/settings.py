@@ -14,7 +14,8 @@ from .scorer_loss import LossKind
 
 class TargetKind(str, Enum):
     """How the future-attention target reduces the attention a token receives from the queries
-    after it has left the window (:mod:`kvpop_compile.runtime.reference.target`)."""
+    after it has left the window
+    (:mod:`kvpop_compile.runtime.reference.future_attention_target`)."""
 
     MEAN = "mean"  # the mean over those queries (design.md §4)
     MAX = "max"  # the strongest one: what a single later question needs ranks high

@@ -14,8 +14,8 @@ from torch import nn
 
 from ..config import KVpopConfig
 from ..runtime import ops  # noqa: F401  (registers the kvpop ops)
-from ..runtime.reference.attention import masked_attention
-from ..runtime.reference.eviction import spread_scores, token_priority
+from ..runtime.policy import spread_scores, token_priority
+from ..runtime.reference.masked_attention import masked_attention
 from ..runtime.scorers.base import Scorer
 
 

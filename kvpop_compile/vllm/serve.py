@@ -87,7 +87,9 @@ def add_arguments(parser) -> None:
     """``kvpop-compile serve``'s options on an argparse parser."""
     parser.add_argument("model", help="local Hugging Face Qwen3 or Qwen3-MoE checkpoint folder")
     policy = parser.add_mutually_exclusive_group()
-    policy.add_argument("--scorer", help="trained scorer folder (save_scorer / train)")
+    policy.add_argument(
+        "--scorer-path", metavar="DIR", help="trained scorer folder (save_scorer / train)"
+    )
     policy.add_argument(
         "--policy", choices=HEURISTICS,
         help="a heuristic policy instead of a trained scorer (default: window)",
@@ -110,8 +112,8 @@ def settings_from_arguments(args) -> ServeSettings:
 
     if args.capacity is not None and args.capacity < 1:
         raise ValueError(f"--capacity must be >= 1, got {args.capacity}")
-    if args.scorer is not None:
-        return serve_settings(args.scorer, capacity=args.capacity)
+    if args.scorer_path is not None:
+        return serve_settings(args.scorer_path, capacity=args.capacity)
     capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
     window = min(DEFAULT_WINDOW, capacity // 2)
     config = KVpopConfig(sinks=4, window=max(window, 1), topk=0, scorer=args.policy or "window")

@@ -16,7 +16,7 @@ from kvpop_compile.embedded.recall_syntax import ALPHABETS, FAMILIES
 
 from .data_mix import COPY_LEN, LONG_LEN, LOOP_UNIT, SHORT_LEN, STRETCH_ITEM_LEN
 from .evaluation import BUCKET, EVAL_LEN, RECALL_DECODE_ITEMS, RECALL_EVAL_ITEMS
-from .training_loop import Progress
+from .progress import Progress
 
 
 def command_line(argv: list[str]) -> str:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvpop_compile.embedded.corpus import read_bytes
 from kvpop_compile.embedded.recall import RecallItem, make_item, split_text
 
-if TYPE_CHECKING:
-    from .training_loop import Progress
+from .progress import Progress
 
 SHORT_LEN, LONG_LEN = 512, 2048
 COPY_LEN = 256  # row length of the copy steps

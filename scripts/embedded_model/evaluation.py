@@ -7,7 +7,7 @@ from transformers import Qwen3ForCausalLM
 
 from kvpop_compile.embedded.corpus import encode, read_bytes
 from kvpop_compile.embedded.recall import CONTEXT_LENGTHS, TASKS, recall_items
-from kvpop_compile.evaluation.recall import answer_exactly, decode_stretch
+from kvpop_compile.evaluation.recall.protocol import answer_exactly, decode_stretch
 
 EVAL_LEN = 2048
 BUCKET = 512  # the held-out report splits positions into buckets of this many tokens

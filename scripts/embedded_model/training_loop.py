@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,20 +12,7 @@ import torch
 from kvpop_compile.atomic import atomic_write
 
 from .data_mix import COPY_LEN, LONG_LEN, SHORT_LEN, RecallMix, copy_batch, sample_batch
-
-
-@dataclass
-class Progress:
-    steps_copy: int = 0
-    steps_short: int = 0
-    steps_long: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    recall_items: int = 0
-    stretch_items: int = 0
-
-    def steps(self) -> int:
-        return self.steps_copy + self.steps_short + self.steps_long
+from .progress import Progress
 
 
 def learning_rate(progress: float, args: argparse.Namespace) -> float:

@@ -7,12 +7,14 @@ import sys
 
 import pytest
 import torch
+from script_support import load_script
 
-from benchmarks import run_all
-from benchmarks.cache_fill import fill_bounded_state
-from benchmarks.plots import matplotlib_available
 from kvpop_compile import KVpopConfig
 from kvpop_compile.runtime import BoundedCacheState, build_scorer, decode_step, decode_tokens
+
+run_all = load_script("benchmarks/run_all.py")
+fill_bounded_state = load_script("benchmarks/cache_fill.py").fill_bounded_state
+matplotlib_available = load_script("benchmarks/plots.py").matplotlib_available
 
 
 def test_quick_suite_writes_tables_and_plots(tmp_path):

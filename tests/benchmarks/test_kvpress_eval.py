@@ -11,21 +11,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from script_support import load_script
 
-from benchmarks.kvpress_eval import (
-    DECODE_INTERVAL,
-    main,
-    part_name,
-    question_cut,
-    recall_groups,
-    recall_job,
-    run_worker,
-    runnable_protocols,
-    same_shape,
-    sequence_figures,
-    summarise,
-    summarise_recall,
-)
 from kvpop_compile.atomic import atomic_write
 from kvpop_compile.cli.commands import eval_command
 from kvpop_compile.embedded import load_embedded_model
@@ -33,17 +20,17 @@ from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.embedded.model import EMBEDDED_MODEL
 from kvpop_compile.embedded.recall import recall_items
 from kvpop_compile.evaluation.data import Sequence
-from kvpop_compile.evaluation.long_range import long_range_targets
 from kvpop_compile.evaluation.methods import capacities
-from kvpop_compile.evaluation.recall import (
+from kvpop_compile.evaluation.quality.long_range import long_range_targets
+from kvpop_compile.evaluation.recall.kvpress import summarize_kvpress_recall
+from kvpop_compile.evaluation.recall.protocol import (
     RECALL_SEED,
     RecallSettings,
     answer_exactly,
     decode_stretch,
 )
-from kvpop_compile.evaluation.recall import recall_groups as benchmark_groups
-from kvpop_compile.evaluation.recall_kvpress import summarize_kvpress_recall
-from kvpop_compile.evaluation.recall_report import recall_document
+from kvpop_compile.evaluation.recall.protocol import recall_groups as benchmark_groups
+from kvpop_compile.evaluation.recall.report import recall_document
 
 # "alpha_name" at byte 0 and again at byte 130: bytes 131..139 complete it from memory (its
 # previous occurrence is more than 64 bytes back), so they are the only long-range targets.
@@ -53,6 +40,20 @@ OTHER = encode(TEXT.replace(b"alpha_name", b"omega_name", 1))  # no name is repe
 PROMPT = 100  # scored targets are bytes 101..159: 59 of them, long-range at indices 30..38
 SCORED = len(TEXT) - PROMPT - 1
 LONG_RANGE = range(131 - PROMPT - 1, 140 - PROMPT - 1)
+
+kvpress_eval = load_script("benchmarks/kvpress_eval.py")
+DECODE_INTERVAL = kvpress_eval.DECODE_INTERVAL
+main = kvpress_eval.main
+part_name = kvpress_eval.part_name
+question_cut = kvpress_eval.question_cut
+recall_groups = kvpress_eval.recall_groups
+recall_job = kvpress_eval.recall_job
+run_worker = kvpress_eval.run_worker
+runnable_protocols = kvpress_eval.runnable_protocols
+same_shape = kvpress_eval.same_shape
+sequence_figures = kvpress_eval.sequence_figures
+summarise = kvpress_eval.summarise
+summarise_recall = kvpress_eval.summarise_recall
 
 
 def _outcome(hit_indices, nll: float = 0.5) -> dict:

@@ -2,13 +2,15 @@
 
 import pytest
 import torch
+from script_support import load_script
 
-from benchmarks import recall_misses
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
-from kvpop_compile.evaluation.kept import heads_holding_evidence, heads_holding_span
 from kvpop_compile.evaluation.methods import Method, build_model
-from kvpop_compile.evaluation.recall import RECALL_SEED, same_shape
+from kvpop_compile.evaluation.recall.kept import heads_holding_evidence, heads_holding_span
+from kvpop_compile.evaluation.recall.protocol import RECALL_SEED, same_shape
+
+recall_misses = load_script("benchmarks/recall_misses.py")
 
 
 def test_a_head_holds_a_span_only_with_every_position_of_it():

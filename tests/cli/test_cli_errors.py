@@ -4,6 +4,7 @@ what is allowed, instead of a traceback or a run that would not end."""
 
 from __future__ import annotations
 
+import functools
 import json
 import types
 
@@ -16,7 +17,7 @@ from training_support import TEXTS
 import kvpop_compile as kc
 import kvpop_compile.engines
 import kvpop_compile.evaluation.demo
-import kvpop_compile.evaluation.recall_report
+import kvpop_compile.evaluation.recall
 from kvpop_compile.cli import limits, main
 from kvpop_compile.embedded.recall import TASKS, split_text
 from kvpop_compile.evaluation.own_data import UTF8_BYTES, text_sequences
@@ -93,6 +94,7 @@ def exported(monkeypatch):
     """Record the calls ``kvpop-compile export`` makes to ``kc.export`` instead of exporting."""
     calls = []
 
+    @functools.wraps(kvpop_compile.engines.export)  # its defaults are the CLI's
     def export(model, path, format, *, batch, prefill_length):
         calls.append({"batch": batch, "prefill_length": prefill_length})
         return path
@@ -146,6 +148,7 @@ def demo_runs(monkeypatch):
     """Record the demo's runs instead of running it."""
     runs = []
 
+    @functools.wraps(kvpop_compile.evaluation.demo.run_demo)  # its defaults are the CLI's
     def run_demo(**arguments):
         runs.append(arguments)
         return types.SimpleNamespace(report=lambda: [])
@@ -179,7 +182,7 @@ def recall_runs(monkeypatch):
         runs.append(settings)
         return {"document": ""}
 
-    monkeypatch.setattr(kvpop_compile.evaluation.recall_report, "evaluate_recall", evaluate_recall)
+    monkeypatch.setattr(kvpop_compile.evaluation.recall, "evaluate_recall", evaluate_recall)
     return runs
 
 

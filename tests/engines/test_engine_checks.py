@@ -12,8 +12,8 @@ from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
 from kvpop_compile.atomic import sha256
-from kvpop_compile.engines.api import weights_sha256
-from kvpop_compile.engines.manifest import manifest_sha256
+from kvpop_compile.engines.manifest import MANIFEST_VERSION, manifest_sha256
+from kvpop_compile.fingerprints import weights_sha256
 
 # Capacity 24 (sinks + window + topk); the prompts exceed it, so tokens are evicted.
 WINDOW = kc.KVpopConfig(sinks=2, window=6, topk=16, scorer="window")
@@ -168,6 +168,29 @@ def test_load_refuses_a_manifest_that_lacks_a_field_or_has_one_of_another_type(e
         rewrite_manifest(folder, change)
         with pytest.raises(ValueError, match=message):
             kc.load(folder)
+
+
+def test_load_refuses_an_engine_of_an_earlier_manifest_version_by_name(engines, tmp_path):
+    """Versions 2 and 3 recorded the weights' SHA-256 in another form than
+    ``kvpop_compile.fingerprints.weights_sha256``: no model could be checked against them, so
+    they are refused by version, with what to do, before anything else is read."""
+    assert MANIFEST_VERSION == 4
+    for version in (3, 2):
+        folder = copy_of(engines, ("onnx", 3), tmp_path, f"v{version}")
+        rewrite_manifest(folder, lambda m, v=version: m.update(manifest_version=v))
+        with pytest.raises(
+            ValueError,
+            match=rf"manifest.json has manifest version {version}, whose weights_sha256 was "
+            r"computed another way than this kvpop_compile's \(manifest version 4\).*re-export "
+            "the model",
+        ):
+            kc.load(folder)
+    folder = copy_of(engines, ("onnx", 3), tmp_path, "v5")
+    rewrite_manifest(folder, lambda m: m.update(manifest_version=5))
+    with pytest.raises(
+        ValueError, match="has manifest version 5; this kvpop_compile reads version 4: re-export"
+    ):
+        kc.load(folder)
 
 
 def test_load_refuses_state_the_aoti_engine_was_not_compiled_for(engines, tmp_path):

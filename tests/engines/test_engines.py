@@ -15,9 +15,9 @@ import torch
 from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
-from kvpop_compile.engines.api import weights_sha256
 from kvpop_compile.engines.manifest import read_manifest
 from kvpop_compile.engines.onnx_engine import TENSORRT_ONNX_OPS
+from kvpop_compile.fingerprints import weights_sha256
 
 CONFIG = kc.KVpopConfig(sinks=2, window=4, topk=10, scorer="memory")  # capacity 16 << 300
 PROMPT_LENGTH = 12

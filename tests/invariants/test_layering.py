@@ -7,10 +7,9 @@ well as a module-level one does), relative imports resolved. ``from package impo
 import of the submodule ``package.name`` when there is one, else of the package's front file.
 """
 
-import ast
 from pathlib import Path
 
-import pytest
+from import_graph import find_cycle, imports, modules
 
 ROOT = "kvpop_compile"
 SOURCE = Path(__file__).resolve().parents[2] / ROOT
@@ -19,7 +18,8 @@ SOURCE = Path(__file__).resolve().parents[2] / ROOT
 # other name is one module (a package's front file included). Every module must be listed.
 FLOORS = [
     ("foundations", [f"{ROOT}._version", f"{ROOT}.config", f"{ROOT}.atomic", f"{ROOT}.optional",
-                     f"{ROOT}.compatibility"]),
+                     f"{ROOT}.compatibility", f"{ROOT}.fingerprints"]),
+    ("policy", [f"{ROOT}.runtime.policy"]),
     ("reference", [f"{ROOT}.runtime.reference.*"]),
     ("kernels", [f"{ROOT}.runtime.kernels.*"]),
     ("ops", [f"{ROOT}.runtime.dispatch", f"{ROOT}.runtime.ops"]),
@@ -33,51 +33,21 @@ FLOORS = [
         f"{ROOT}.modeling", f"{ROOT}.transform", f"{ROOT}.generation", f"{ROOT}.scorer_io",
     ]),
     ("applications", [
-        f"{ROOT}.engines.*", f"{ROOT}.training.*", f"{ROOT}.evaluation.*", f"{ROOT}.embedded.*",
+        f"{ROOT}.engines.*", f"{ROOT}.training.*", f"{ROOT}.embedded.*",
+        # evaluation: the modules its wings share, then one wing per command
+        f"{ROOT}.evaluation", f"{ROOT}.evaluation.data", f"{ROOT}.evaluation.own_data",
+        f"{ROOT}.evaluation.methods", f"{ROOT}.evaluation.protocols",
+        f"{ROOT}.evaluation.statistics", f"{ROOT}.evaluation.plotting",
+        f"{ROOT}.evaluation.quality.*", f"{ROOT}.evaluation.recall.*",
+        f"{ROOT}.evaluation.bench.*", f"{ROOT}.evaluation.demo.*",
         f"{ROOT}.cli.*", f"{ROOT}.vllm.*", f"{ROOT}.__main__",
     ]),
     ("front", [ROOT]),
 ]  # fmt: skip
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of the package by dotted name; a package by its front file."""
-    modules = {}
-    for path in sorted(SOURCE.rglob("*.py")):
-        parts = (ROOT, *path.relative_to(SOURCE).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        modules[".".join(parts)] = path
-    return modules
-
-
-MODULES = _modules()
-
-
-def _imports(name: str) -> set[str]:
-    """The package's modules that module ``name`` imports."""
-    path = MODULES[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name in MODULES)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            if source not in MODULES:
-                continue
-            for alias in node.names:
-                submodule = f"{source}.{alias.name}"
-                found.add(submodule if submodule in MODULES else source)
-    found.discard(name)
-    return found
-
-
-IMPORTS = {name: _imports(name) for name in MODULES}
+MODULES = modules(SOURCE, (ROOT,))
+IMPORTS = {name: imports(name, MODULES) for name in MODULES}
 
 
 def _floor(name: str) -> int:
@@ -109,22 +79,20 @@ def test_every_module_is_on_a_floor():
 
 
 def test_imports_form_no_cycle():
-    # Depth-first search; a module met again while still on the path closes a cycle.
-    state: dict[str, str] = {}  # "open" while on the path, "done" after
+    cycle = find_cycle(IMPORTS)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = "open"
-        for target in sorted(IMPORTS[name]):
-            if state.get(target) == "open":
-                cycle = path[path.index(target) :] + [name, target]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if target not in state:
-                visit(target, path + [name])
-        state[name] = "done"
 
-    for name in sorted(MODULES):
-        if name not in state:
-            visit(name, [])
+def test_the_scripts_imports_form_no_cycle():
+    # The scripts import one another by their file names (scripts/ is on their path).
+    scripts = modules(SOURCE.parent / "scripts")
+    cycle = find_cycle({name: imports(name, scripts) for name in scripts})
+    assert cycle is None, "import cycle in scripts/: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_no_module_imports_its_front_file_or_a_floor_above():
@@ -140,4 +108,4 @@ def test_the_reader_sees_the_imports():
     # The walk itself: a relative import, a submodule import and a function-level import.
     assert f"{ROOT}.runtime.ops" in IMPORTS[f"{ROOT}.runtime.decode_step"]
     assert f"{ROOT}.runtime.kernels" in IMPORTS[f"{ROOT}.runtime.ops"]
-    assert f"{ROOT}.runtime.reference.eviction" in IMPORTS[f"{ROOT}.runtime.reference.evict"]
+    assert f"{ROOT}.runtime.policy" in IMPORTS[f"{ROOT}.runtime.reference.update_cache"]

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from kernel_support import kernel_devices, kernels_enabled
-from test_bounded_cache import TOLERANCE, make_inputs
+from test_cache import TOLERANCE, make_inputs
 from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc

@@ -11,9 +11,9 @@ from script_support import copy_of_shipped_scorer, load_script
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.evaluation.data import validation_sequences
-from kvpop_compile.evaluation.long_range import long_range_targets
 from kvpop_compile.evaluation.methods import WINDOW, budget_config, scorer_folder
 from kvpop_compile.evaluation.protocols import teacher_forced
+from kvpop_compile.evaluation.quality.long_range import long_range_targets
 from kvpop_compile.scorer_io import load_layers, read_tensors, saved_config, tensors_sha256
 
 

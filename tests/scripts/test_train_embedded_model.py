@@ -15,7 +15,7 @@ def _script():
 def _stretch_rows(rows: int, seed: int = 0):
     _script()
     from embedded_model.data_mix import LONG_LEN, RecallMix
-    from embedded_model.training_loop import Progress
+    from embedded_model.progress import Progress
 
     mix = RecallMix(1.0, [1024], ["lookup", "multi_key", "chain"], seed, 1.0)
     ids = torch.zeros(rows, LONG_LEN + 1, dtype=torch.long)
@@ -74,7 +74,7 @@ def test_stretch_rows_leave_the_loop_out_of_the_next_byte_loss_only():
 def test_no_stretch_fraction_draws_no_stretch_rows():
     _script()
     from embedded_model.data_mix import LONG_LEN, RecallMix
-    from embedded_model.training_loop import Progress
+    from embedded_model.progress import Progress
 
     ids = torch.zeros(3, LONG_LEN + 1, dtype=torch.long)
     done = Progress()

@@ -11,9 +11,9 @@ from script_support import load_script
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
-from kvpop_compile.evaluation.fingerprints import items_sha256
 from kvpop_compile.evaluation.methods import budget_config, scorer_folder
-from kvpop_compile.evaluation.recall import answer_probability
+from kvpop_compile.evaluation.recall.protocol import answer_probability
+from kvpop_compile.fingerprints import items_sha256
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
 
 

@@ -84,3 +84,12 @@ def page_index(rows, batch, HAS_ROWS: tl.constexpr):
     if HAS_ROWS:
         page = tl.load(rows + batch)
     return page
+
+
+def priority_rows(priority: torch.Tensor) -> torch.Tensor:
+    """``(rows, N)`` contiguous priorities. 16-bit floats are widened to float32 (exactly, so
+    the order is kept): the kernels carry a running priority, whose type must not change."""
+    rows = priority.reshape(-1, priority.shape[-1])
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        rows = rows.float()
+    return rows.contiguous()

@@ -10,7 +10,7 @@ GPU of 100+ SMs. When asked, it also returns each query head's attention to ever
 attention-fed scorers' input): the first kernel writes raw scores, and a third kernel, over the
 same chunks, normalises them with each row's log-sum-exp. With a state-index indirection
 (``HAS_ROWS``) query row ``b`` reads page ``rows[b]`` of the cache, found by the page stride.
-Reference: :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
+Reference: :func:`kvpop_compile.runtime.reference.decode_attention.decode_attention`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ..reference.attention import query_group
+from ..policy import query_group
 from .common import (
     dot_precision,
     next_power_of_2,
@@ -148,7 +148,7 @@ def _default_splits(heads: int, capacity: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(3 * sms, heads), longest))
 
 
-def bounded_decode_attention(
+def decode_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -158,7 +158,7 @@ def bounded_decode_attention(
     splits: int | None = None,
     rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`kvpop_compile.runtime.reference.attention.bounded_decode_attention`.
+    """Triton version of :func:`kvpop_compile.runtime.reference.decode_attention.decode_attention`.
 
     Args:
         q: ``(B, Hq, 1, D)``; keys, values: ``(B, Hkv, C, D)``; positions: ``(B, Hkv, C)``.

@@ -7,7 +7,7 @@ One program per (batch, query head, block of queries) streams key blocks with an
 softmax. Key blocks past the causal limit are never visited, and a key block is skipped when
 every key in it is evicted before the block's first query (``max e_t <= first query``), which
 for a bounded cache is most of the sequence — the attention costs O(N * capacity), not O(N^2).
-Reference: :func:`kvpop_compile.runtime.reference.attention.masked_attention`.
+Reference: :func:`kvpop_compile.runtime.reference.masked_attention.masked_attention`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ..reference.attention import query_group
+from ..policy import query_group
 from .common import INT64_MAX, dot_precision, next_power_of_2, online_logsumexp
 
 BLOCK_QUERIES = 32
@@ -98,7 +98,7 @@ def masked_attention(
     scale: float,
     key_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`kvpop_compile.runtime.reference.attention.masked_attention`.
+    """Triton version of :func:`kvpop_compile.runtime.reference.masked_attention.masked_attention`.
 
     Args:
         q: ``(B, Hq, L, D)``; k, v: ``(B, Hkv, T, D)``, the last ``L`` keys the queries' own;

@@ -1,35 +1,24 @@
-"""Floor 1 of the runtime: the plain-PyTorch reference of every ``kvpop`` op and of the policy.
+"""Floor 2 of the runtime: the plain-PyTorch reference of every ``kvpop`` op.
 
 Nothing here imports Triton, so CPU-only code and tests always have an oracle; on CPU tensors
-the ops run these very functions (design.md §6). One family per file: ``attention`` (prefill under
-eviction steps, one decode query), ``eviction`` (priorities and the eviction rule, streaming
-and parallel), ``evict`` (a decode step's in-place cache writes), ``target`` (the
-future-attention training target), ``memory_scorer`` (the ``memory`` scorer's decode step) and
-``scorer_layers`` (the learned scorers' arithmetic).
+the ops run these very functions (design.md §6). One op per file, named after the op, as its
+kernel in :mod:`..kernels` is: ``masked_attention``, ``decode_attention``, ``eviction_steps``
+(with the streaming simulation it is tested against), ``running_topk_boundary``,
+``update_cache``, ``memory_scorer_step``, ``future_attention_target``; ``scorer_layers`` holds
+the learned scorers' arithmetic. The policy's own arithmetic, which the production steps share,
+is :mod:`..policy`.
 """
 
-from .attention import bounded_decode_attention, masked_attention, query_group
-from .evict import evict_into_pool_, window_slot, write_new_token_
-from .eviction import (
-    BoundaryDecisions,
-    beats,
-    enters_pool,
-    eviction_steps,
-    prefix_kth_smallest,
-    running_topk_boundary,
-    spread_scores,
-    streaming_eviction_steps,
-    token_priority,
-    weakest_slot,
-)
-from .memory_scorer import memory_scorer_step_
-from .target import future_attention_target, future_attention_target_dense
+from .decode_attention import decode_attention
+from .eviction_steps import eviction_steps, prefix_kth_smallest, streaming_eviction_steps
+from .future_attention_target import future_attention_target, future_attention_target_dense
+from .masked_attention import masked_attention
+from .memory_scorer_step import memory_scorer_step_
+from .running_topk_boundary import running_topk_boundary
+from .update_cache import evict_into_pool_, update_cache_, write_new_token_
 
 __all__ = [
-    "BoundaryDecisions",
-    "beats",
-    "bounded_decode_attention",
-    "enters_pool",
+    "decode_attention",
     "evict_into_pool_",
     "eviction_steps",
     "future_attention_target",
@@ -37,12 +26,8 @@ __all__ = [
     "masked_attention",
     "memory_scorer_step_",
     "prefix_kth_smallest",
-    "query_group",
     "running_topk_boundary",
-    "spread_scores",
     "streaming_eviction_steps",
-    "token_priority",
-    "weakest_slot",
-    "window_slot",
+    "update_cache_",
     "write_new_token_",
 ]

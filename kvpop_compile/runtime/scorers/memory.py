@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..reference.memory_scorer import (
+from ..reference.memory_scorer_step import (
     MEMORY_WEIGHTS,
     memory_projections,
     memory_query,
@@ -57,7 +57,7 @@ class MemoryScorer(Scorer):
 
     def step_weights(self) -> list[torch.Tensor]:
         """The weights ``kvpop::memory_scorer_step`` takes, in its order
-        (:data:`~..reference.memory_scorer.MEMORY_WEIGHTS`)."""
+        (:data:`~..reference.memory_scorer_step.MEMORY_WEIGHTS`)."""
         own = [getattr(self, name) for name in MEMORY_WEIGHTS[:5]]  # then the readout's MLP
         return [*own, *self.readout.weights()]
 

@@ -11,7 +11,8 @@ from kvpop_compile.runtime import (
     eviction_steps,
     ops,  # noqa: F401
 )
-from kvpop_compile.runtime.reference.attention import bounded_decode_attention, masked_attention
+from kvpop_compile.runtime.reference.decode_attention import decode_attention
+from kvpop_compile.runtime.reference.masked_attention import masked_attention
 
 
 def cache_after_a_few_tokens(topk=3):
@@ -72,7 +73,7 @@ def test_attention_ops_equal_references():
     q1, keys, values, positions, scale = cases["decode_attention"]
     for got, expected in zip(
         torch.ops.kvpop.decode_attention(*cases["decode_attention"]),
-        bounded_decode_attention(q1, keys, values, positions, scale=scale),
+        decode_attention(q1, keys, values, positions, scale=scale),
         strict=True,
     ):
         assert torch.equal(got, expected)
@@ -120,7 +121,7 @@ def test_decode_attention_on_a_bf16_cache_computes_in_float32():
     truth = truth.reshape(q.shape).to(torch.bfloat16)
     for out, got_probs in (
         torch.ops.kvpop.decode_attention(q, keys, values, positions, scale, True),
-        bounded_decode_attention(q, keys, values, positions, scale=scale),
+        decode_attention(q, keys, values, positions, scale=scale),
     ):
         assert out.dtype == torch.bfloat16 and got_probs.dtype == torch.float32
         assert torch.equal(out, truth)

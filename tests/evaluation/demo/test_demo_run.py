@@ -1,0 +1,101 @@
+"""The README's main command: ``kvpop-compile demo`` on the embedded model."""
+
+import dataclasses
+
+import pytest
+
+from kvpop_compile.cli import main
+from kvpop_compile.embedded.recall import TASKS, recall_items
+from kvpop_compile.evaluation.demo.run import run_demo
+from kvpop_compile.evaluation.methods import scorer_folder
+from kvpop_compile.evaluation.recall.protocol import RECALL_SEED
+from kvpop_compile.runtime.cache import BoundedCacheState
+from kvpop_compile.scorer_io import saved_config
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    image = tmp_path_factory.mktemp("demo") / "kept.png"
+    return run_demo(items=1, context=1024, image=image, progress=False)
+
+
+def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
+    labels = [c.label for c in result.contenders]
+    assert labels == ["full attention", "KVpop, trained memory scorer", "window (heuristic)"]
+    # Items of held-out code in held-out families: syntaxes no model or scorer trained on.
+    assert result.items == [
+        recall_items("held_out", task, 1024, 1, RECALL_SEED, families="held_out")[0]
+        for task in TASKS
+    ]
+    assert all(len(marks) == len(TASKS) for marks in result.exact.values())
+    example = result.example
+    # The example is answered again alone: its answers agree with the measured marks.
+    for label in labels:
+        right = example.answers[label] == example.item.answer
+        assert right == bool(result.exact[label][example.index])
+    full, kvpop, window = (result.exact[label] for label in labels)
+    separating = [i for i in range(len(TASKS)) if full[i] and kvpop[i] and not window[i]]
+    if separating:
+        assert example.index == separating[0]
+    # A bounded cache holds its fixed buffers whatever the context (each layer's empty state,
+    # scorer state included); full attention's holds the whole prompt.
+    sizes = example.cache_bytes
+    for contender in result.contenders[1:]:
+        layers = contender.model.model.layers
+        empty = [
+            BoundedCacheState.empty(contender.config, layer.self_attn.scorer, batch=1,
+                                    head_dim=contender.model.config.head_dim).nbytes
+            for layer in layers
+        ]  # fmt: skip
+        assert sizes[contender.label] == sum(empty)
+    assert sizes["full attention"] > sizes[labels[1]] > sizes[labels[2]]
+    evidence = [example.item.prompt[start:end] for start, end in example.item.evidence]
+    value = example.item.prompt[slice(*example.item.value_span)]
+    assert example.item.answer.endswith(value) and value in evidence[0]
+    report = "\n".join(result.report())
+    assert f"the answer follows from {evidence[0].decode().strip()!r}" in report
+    assert (
+        f"({example.item.task}, {example.item.family} syntax, {example.item.alphabet} values;"
+        in (report)
+    )
+    assert f"  ...{example.item.question[1:].decode()!r} -> expected" in report
+    assert "in held-out families" in report
+    # The shipped scorer's own split of the budget, span and recency term; the heuristic runs
+    # at the same split as published (no spread, no recency term).
+    shipped = saved_config(scorer_folder("memory", 256))
+    assert (shipped.lam, shipped.priority_span) != (0.0, 0)
+    kvpop, heuristic = (c.config for c in result.contenders[1:])
+    assert kvpop == shipped
+    assert heuristic == dataclasses.replace(shipped, scorer="window", priority_span=0, lam=0.0)
+    split = f"4 sinks + {shipped.window} window + {shipped.topk} pool = 256 tokens"
+    assert split in report and "(75% compression)" in report
+    assert (
+        f"KVpop spreads each score over the {shipped.priority_span} tokens that leave the window"
+        in report
+    )
+    assert f"KVpop's priority rises by {shipped.lam:g} per position" in report
+    for label in labels:
+        right, total = result.accuracy(label)
+        assert (right, total) == (sum(result.exact[label]), len(TASKS))
+        (row,) = [line for line in report.splitlines() if line.startswith(label)]
+        assert row.split()[-2:] == [f"{right}/{total}", f"{right / total:.0%}"]
+    assert result.image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit, match="2"):
+        main(["demo", "--items", "0"])  # refused as it is parsed
+    assert "argument --items: must be an integer >= 1, got '0'" in capsys.readouterr().err
+    assert main(["demo", "--context", "4096"]) == 2
+    assert "context must be one of (1024, 2048), got 4096" in capsys.readouterr().err
+    assert main(["demo", "--policy", "lru"]) == 2
+    assert "scorer must be one of" in capsys.readouterr().err
+    assert main(["demo", "--policy", "mlp"]) == 2
+    assert "--policy mlp is learned; the baseline is a heuristic" in capsys.readouterr().err
+    assert main(["demo", "--capacity", "300"]) == 2
+    assert "no shipped memory scorer for capacity 300" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["demo", "--model", "/nonexistent/model"])
+    assert "'/nonexistent/model' is not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["no-such-command"])

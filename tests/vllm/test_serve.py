@@ -1,0 +1,125 @@
+"""``kvpop-compile serve``'s command line: vLLM's server module with the KVpop architecture
+and budget as hf_overrides, prefix caching off, 127.0.0.1 by default, the byte tokenizer for a
+byte model without tokenizer files, and clear errors for what cannot be served."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpop_compile.config import KVpopConfig
+from kvpop_compile.embedded import EMBEDDED_MODEL
+from kvpop_compile.scorer_io import saved_config
+from kvpop_compile.vllm import ServeSettings, engine_kwargs, serve_settings
+from kvpop_compile.vllm.serve import add_arguments, server_command, settings_from_arguments
+
+SCORER = EMBEDDED_MODEL.parent / "scorers" / "mlp-512"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _option(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_the_command_starts_vllms_server_with_the_kvpop_architecture_and_budget():
+    settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER)))
+    argv = server_command(EMBEDDED_MODEL, settings, extra=["--dtype", "float32"])
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert _option(argv, "--host") == "127.0.0.1" and _option(argv, "--port") == "8000"
+    assert "--no-enable-prefix-caching" in argv and argv[-2:] == ["--dtype", "float32"]
+    overrides = json.loads(_option(argv, "--hf-overrides"))
+    assert overrides["architectures"] == ["KVpopQwen3ForCausalLM"]
+    served = ServeSettings(KVpopConfig(**overrides["kvpop"]["config"]),
+                           overrides["kvpop"]["scorer_path"])  # fmt: skip
+    assert served == settings
+    assert served.config == saved_config(SCORER) and served.scorer_path == str(SCORER.resolve())
+    # The embedded model has no tokenizer files: it is served with the byte tokenizer.
+    tokenizer = _option(argv, "--tokenizer")
+    vocab = json.loads((Path(tokenizer) / "tokenizer.json").read_text())
+    assert sorted(vocab["model"]["vocab"].values()) == list(range(256))
+
+
+def test_capacity_resizes_the_pool_and_keeps_the_trained_window():
+    trained = saved_config(SCORER)
+    floor = trained.sinks + trained.window  # the least capacity that keeps the window
+    for capacity in (floor + 1, floor + 50, trained.capacity + 100):
+        settings = settings_from_arguments(
+            _args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER), "--capacity", str(capacity))
+        )
+        assert settings.config.capacity == capacity and settings.config.window == trained.window
+        assert settings.config.topk == capacity - floor
+    with pytest.raises(ValueError, match=f"capacity {floor - 1} is below sinks \\+ window = "
+                                         f"{floor}"):  # fmt: skip
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER),
+                                      "--capacity", str(floor - 1)))  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "scorer", "capacity"), [
+    ((), "window", 512), (("--policy", "tova"), "tova", 512),
+    (("--policy", "knorm", "--capacity", "100"), "knorm", 100),
+])  # fmt: skip
+def test_heuristic_policies_need_no_scorer(argv, scorer, capacity):
+    settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), *argv))
+    assert settings.config.scorer.value == scorer and settings.config.capacity == capacity
+    assert settings.scorer_path is None
+
+
+def test_a_scorer_and_a_policy_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        _args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER), "--policy", "window")
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_what_cannot_be_served_is_refused(tmp_path):
+    settings = serve_settings(config=KVpopConfig(sinks=4, window=16, topk=44))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        server_command(tmp_path, settings)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match="serves Qwen3ForCausalLM, Qwen3MoeForCausalLM .*"
+                                         "got 'LlamaForCausalLM'"):  # fmt: skip
+        server_command(tmp_path, settings)
+    config = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="has no tokenizer files .* not a 256-token byte model"):
+        server_command(tmp_path, settings)
+    (tmp_path / "tokenizer.json").write_text("{}")  # its own tokenizer: no --tokenizer given
+    assert "--tokenizer" not in server_command(tmp_path, settings)
+
+
+def test_engine_kwargs_for_qwen3_moe_and_prefix_caching_off():
+    kwargs = engine_kwargs("Qwen3MoeForCausalLM", serve_settings(config=KVpopConfig()))
+    assert kwargs["hf_overrides"]["architectures"] == ["KVpopQwen3MoeForCausalLM"]
+    assert kwargs["enable_prefix_caching"] is False
+
+
+def test_kvpop_compile_serve_execs_the_server_with_options_after_the_double_dash(monkeypatch):
+    from kvpop_compile.cli.parser import main
+    from kvpop_compile.vllm import serve as serve_module
+
+    started = []
+    monkeypatch.setattr(serve_module.os, "execv", lambda path, argv: started.append(argv))
+    argv = ["serve", str(EMBEDDED_MODEL), "--policy", "tova", "--capacity", "128",
+            "--port", "9123", "--", "--dtype", "float32", "--max-model-len", "2048"]  # fmt: skip
+    assert main(argv) == 0
+    (argv,) = started
+    assert argv[-4:] == ["--dtype", "float32", "--max-model-len", "2048"]
+    assert _option(argv, "--port") == "9123" and _option(argv, "--host") == "127.0.0.1"
+    config = json.loads(_option(argv, "--hf-overrides"))["kvpop"]["config"]
+    assert config["scorer"] == "tova" and KVpopConfig(**config).capacity == 128
+
+
+def test_options_after_the_double_dash_belong_to_serve_only(capsys):
+    from kvpop_compile.cli.parser import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--", "--dtype", "float32"])
+    assert "only serve takes them, not demo" in capsys.readouterr().err
