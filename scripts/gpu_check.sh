@@ -90,8 +90,11 @@ step() {
 } | tee "$results/machine.txt"
 
 correctness=(
-    tests/runtime/ops/test_kernels_cache.py tests/runtime/ops/test_kernels_topk.py tests/runtime/ops/test_kernels_attention.py
-    tests/runtime/ops/test_kernels_memory_scorer.py tests/invariants/test_kernels_end_to_end.py
+    tests/runtime/ops/test_update_cache.py tests/runtime/ops/test_eviction_steps.py
+    tests/runtime/ops/test_running_topk_boundary.py tests/runtime/ops/test_decode_attention.py
+    tests/runtime/ops/test_masked_attention.py tests/runtime/ops/test_future_attention_target.py
+    tests/runtime/ops/test_memory_scorer_step.py tests/runtime/ops/test_ops.py
+    tests/invariants/test_kernels_end_to_end.py
     tests/runtime/test_compile_decode.py tests/test_cuda_graph.py tests/scripts/test_gpu_engines.py
     tests/runtime/test_chunk_step.py::test_chunked_prefill_on_the_triton_kernels_matches_the_reference
 )

@@ -1,6 +1,7 @@
 """``scripts/gpu_check.sh``'s own checks: it parses, and it refuses arguments it does not take
 before it starts a step (CI runs its ``--dry-run`` whole, after the suite)."""
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -31,3 +32,16 @@ def test_bad_arguments_are_refused_before_any_step(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "==" not in result.stdout  # no step started
+
+
+def test_every_test_the_script_names_exists():
+    # The GPU run collects these by path: a moved or renamed file would fail only on the GPU.
+    named = re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", SCRIPT.read_text())
+    assert len(named) >= 10, named
+    root = SCRIPT.parents[1]
+    missing = [
+        f"{path}::{test}" if test else path
+        for path, test in named
+        if not (root / path).is_file() or (test and f"def {test}(" not in (root / path).read_text())
+    ]
+    assert not missing, missing
