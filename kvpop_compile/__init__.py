@@ -14,6 +14,7 @@ from .engines import EngineRunner, export, load
 from .generation import compile, decode_one_token, generate, new_cache, prefill
 from .kv_cache import KVpopCache
 from .scorer_io import load_scorer, save_scorer
+from .streaming_heads import make_streaming_heads, streaming_heads
 from .training import TrainSettings, train_scorer
 from .transform import transform
 
@@ -30,9 +31,11 @@ __all__ = [
     "generate",
     "load",
     "load_scorer",
+    "make_streaming_heads",
     "new_cache",
     "prefill",
     "save_scorer",
+    "streaming_heads",
     "train_scorer",
     "transform",
 ]

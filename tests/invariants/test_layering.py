@@ -31,6 +31,7 @@ FLOORS = [
     ("model", [
         f"{ROOT}.capture", f"{ROOT}.kv_cache", f"{ROOT}.cuda_graph", f"{ROOT}.passes.*",
         f"{ROOT}.modeling", f"{ROOT}.transform", f"{ROOT}.generation", f"{ROOT}.scorer_io",
+        f"{ROOT}.streaming_heads",
     ]),
     ("applications", [
         f"{ROOT}.engines.*", f"{ROOT}.training.*", f"{ROOT}.embedded.*",

@@ -49,6 +49,11 @@ class Scorer(nn.Module):
     def state_shape(self) -> tuple[int, ...]:
         return (0,)
 
+    def readout_mlp(self) -> nn.Module | None:
+        """The per-head MLP whose output is ``rhat`` (a learned scorer's), or ``None``: what
+        :func:`kvpop_compile.streaming_heads.make_streaming_heads` zeroes per head."""
+        return None
+
     def init_state(self, batch: int, device: torch.device | str | None = None) -> torch.Tensor:
         return torch.zeros(batch, self.num_kv_heads, *self.state_shape, device=device)
 

@@ -55,6 +55,9 @@ class MemoryScorer(Scorer):
     def state_shape(self) -> tuple[int, ...]:
         return (self.value_dim + 1, self.key_dim)
 
+    def readout_mlp(self) -> PerHeadMLP:
+        return self.readout
+
     def step_weights(self) -> list[torch.Tensor]:
         """The weights ``kvpop::memory_scorer_step`` takes, in its order
         (:data:`~..reference.memory_scorer_step.MEMORY_WEIGHTS`)."""

@@ -14,5 +14,8 @@ class MLPScorer(Scorer):
         super().__init__(num_kv_heads, head_dim)
         self.mlp = PerHeadMLP(num_kv_heads, 2 * head_dim, hidden)
 
+    def readout_mlp(self) -> PerHeadMLP:
+        return self.mlp
+
     def score_tokens(self, k, v, position):
         return self.mlp(token_features(k, v))

@@ -1,0 +1,216 @@
+"""Choose a saved scorer's streaming heads: the KV heads that keep the most recent tokens.
+
+    python scripts/choose_streaming_heads.py kvpop_compile/embedded/scorers/memory-256 \\
+        --window 96 --lam 1e-6
+
+One window for every head splits each head's capacity the same way between the most recent
+tokens, which ordinary text needs, and a pool of older tokens the scorer rates high, which a
+question about a line far back needs (``choose_recency.py`` chooses that one split). A streaming
+head (:mod:`kvpop_compile.streaming_heads`) has a scorer output of 0, so with ``lam > 0`` its pool
+keeps the newest tokens and the head holds the ``capacity - sinks`` most recent ones; the other
+heads keep the narrow ``--window`` and a wide learned pool. This measures, at the scorer's own
+capacity with ``--window`` and ``--lam``, the two measures of ``choose_recency.py`` (validation
+text beside the ``window`` policy at the same capacity, all targets and long-range ones; the
+mean probability of the exact answer on validation recall items in the trained and validation
+families) for these sets of streaming heads:
+
+1. none, and each ``(layer, kv_head)`` alone;
+2. the first ``k`` heads, for every ``k`` from 2 to all of them, in the order of the recall
+   measure with that head alone streaming, highest first (the heads recall needs least come
+   first; ties: the higher text margin, then the lower layer and head).
+
+With every head streaming the cache keeps what the ``window`` policy keeps, so the text margin of
+the last set is 0 (the measure checks it). The rule, fixed before any measure: of the measured
+sets whose text accuracy is at least ``window``'s on all targets and on long-range targets, the
+one with the highest recall measure. ``FOLDER`` is rewritten in one swap with ``--window``, the
+pool of the rest of the capacity, ``--lam`` and the kept heads' readouts zeroed, and a
+``streaming_selection`` record in ``training.json`` of every measure; an earlier
+``recency_selection`` (the one-window split this replaces) moves under ``replaces``. A folder
+that already has streaming heads is refused: measure the scorer as it was trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from choose_recency import split_config, text_accuracy  # noqa: E402
+from train_embedded_scorers import (  # noqa: E402
+    SELECT_BATCH,
+    SELECT_MEASURES,
+    TRAINING_RECORD,
+    selection_items,
+    with_tensors,
+)
+
+import kvpop_compile as kc  # noqa: E402
+from kvpop_compile.atomic import replace_folder  # noqa: E402
+from kvpop_compile.embedded import load_embedded_model  # noqa: E402
+from kvpop_compile.evaluation.data import validation_sequences  # noqa: E402
+from kvpop_compile.evaluation.methods import WINDOW, budget_config  # noqa: E402
+from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
+from kvpop_compile.fingerprints import items_sha256  # noqa: E402
+from kvpop_compile.scorer_io import saved_config, saved_shape  # noqa: E402
+from kvpop_compile.streaming_heads import make_streaming_heads, streaming_heads  # noqa: E402
+from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
+
+RECORD = "streaming_selection"
+EARLIER_RECORDS = (RECORD, "recency_selection")
+Heads = tuple[tuple[int, int], ...]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="a saved scorer folder (scorer.json and tensors)")
+    p.add_argument(
+        "--window",
+        type=int,
+        required=True,
+        help="the window of every head (streaming heads keep the rest too)",
+    )
+    p.add_argument(
+        "--lam",
+        type=float,
+        default=1e-6,
+        help="the recency term, > 0: it orders a streaming head's pool (default 1e-6)",
+    )
+    p.add_argument("--sequences", type=int, default=24, help="validation text windows")
+    p.add_argument("--items", type=int, default=16, help="recall items per family group and task")
+    p.add_argument("--seed", type=int, default=99, help="seed of the recall items")
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    return p.parse_args(argv)
+
+
+def check_args(args, saved: kc.KVpopConfig) -> None:
+    widest = saved.capacity - saved.sinks - 1
+    if not 1 <= args.window <= widest:
+        raise SystemExit(f"--window must be from 1 to {widest} (capacity {saved.capacity} less "
+                         f"{saved.sinks} sinks and one pool slot), got {args.window}")  # fmt: skip
+    if not (math.isfinite(args.lam) and args.lam > 0):
+        raise SystemExit(f"--lam must be a finite number > 0, got {args.lam}")
+    for name, value in (("--sequences", args.sequences), ("--items", args.items),
+                        ("--threads", args.threads)):  # fmt: skip
+        if value < 1:
+            raise SystemExit(f"{name} must be 1 or more, got {value}")
+
+
+def prefix_order(singles: dict[Heads, dict]) -> list[tuple[int, int]]:
+    """The heads by the recall measure with each alone streaming, highest first (ties: the
+    higher worse-of-two text margin, then the lower ``(layer, kv_head)``)."""
+
+    def key(heads: Heads):
+        m = singles[heads]
+        return (-m["recall"], -min(m["text_margin"].values()), heads[0])
+
+    return [heads[0] for heads in sorted(singles, key=key)]
+
+
+def kept_heads(measured: dict[Heads, dict]) -> Heads:
+    """The rule of the module docstring over ``measured`` (heads -> ``{"recall", "text_margin":
+    {"all", "long_range"}}``); the first measured of equal recall wins."""
+    bad = [heads for heads, m in measured.items() if not math.isfinite(m["recall"])]
+    if bad:
+        raise ValueError(f"non-finite recall measure with streaming heads {bad}")
+    eligible = [heads for heads, m in measured.items() if min(m["text_margin"].values()) >= 0]
+    if not eligible:
+        raise ValueError("no measured set keeps the window policy's text accuracy, not even "
+                         "every head streaming: the measure is broken")  # fmt: skip
+    return max(eligible, key=lambda heads: measured[heads]["recall"])
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    saved = saved_config(args.folder)
+    check_args(args, saved)
+    shape = saved_shape(args.folder)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    config = split_config(saved, args.window, args.lam)
+    model = with_tensors(kc.transform(load_embedded_model(path=args.model), config), args.folder)
+    already = streaming_heads(model)
+    if already:
+        raise SystemExit(f"{args.folder} already has streaming heads {already}: choose them on "
+                         "the scorer as it was trained")  # fmt: skip
+    sequences = validation_sequences(args.sequences, per_file=1)
+    ids = torch.stack([s.ids for s in sequences])
+    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
+    groups = selection_items("validation", args.items, args.seed)
+    baseline = kc.transform(load_embedded_model(path=args.model),
+                            budget_config("window", saved.capacity))  # fmt: skip
+    window_text = text_accuracy(baseline, ids, long_range)
+    print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
+    per_item = SELECT_MEASURES["probability"]
+
+    def measure(heads: Heads) -> dict:
+        make_streaming_heads(with_tensors(model, args.folder), heads)
+        text = text_accuracy(model, ids, long_range)
+        values = [v for items in groups for v in per_item(model, items, "prefill",
+                                                          batch=SELECT_BATCH)]  # fmt: skip
+        result = {"recall": sum(values) / len(values), "text": text,
+                  "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
+        print(f"{args.folder}: streaming heads {list(heads)}: {result}", flush=True)
+        return result
+
+    all_heads = [(layer, head) for layer in range(shape["num_layers"])
+                 for head in range(shape["num_kv_heads"])]  # fmt: skip
+    measured = {(): measure(())}
+    singles = {(head,): measure((head,)) for head in all_heads}
+    measured.update(singles)
+    order = prefix_order(singles)
+    for k in range(2, len(order) + 1):
+        heads = tuple(sorted(order[:k]))
+        measured[heads] = measure(heads)
+    every = measured[tuple(all_heads)]
+    if any(abs(margin) > 1e-9 for margin in every["text_margin"].values()):
+        raise RuntimeError(f"every head streaming should keep what the window policy keeps, but "
+                           f"the text margins are {every['text_margin']}")  # fmt: skip
+    kept = kept_heads(measured)
+    training_file = args.folder / TRAINING_RECORD
+    record = json.loads(training_file.read_text()) if training_file.is_file() else {}
+    earlier = {name: record.pop(name) for name in EARLIER_RECORDS if name in record}
+    record[RECORD] = {
+        "command": " ".join(["python scripts/choose_streaming_heads.py", *argv]),
+        "capacity": saved.capacity, "window": args.window, "lam": args.lam,
+        "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
+                 "window_policy": window_text},
+        "recall": {"split": "validation", "families": list(SELECTION_FAMILIES),
+                   "items_per_task": args.items, "seed": args.seed, "measure": "probability",
+                   "protocol": "prefill",
+                   "items_sha256": items_sha256(i for group in groups for i in group)},
+        "order": [list(head) for head in order],
+        "python": platform.python_version(),
+        "measured": [{"streaming_heads": [list(h) for h in heads], **m}
+                     for heads, m in measured.items()],
+        "saved_before": {"window": saved.window, "lam": saved.lam},
+        "kept": [list(head) for head in kept],
+        "minutes": round((time.perf_counter() - start) / 60, 2),
+        **({"replaces": earlier} if earlier else {}),
+    }  # fmt: skip
+    make_streaming_heads(with_tensors(model, args.folder), kept)
+
+    def build(staging: Path) -> None:
+        kc.save_scorer(model, staging)
+        (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        for other in args.folder.iterdir():  # anything else a user keeps there goes along
+            if not (staging / other.name).exists():
+                (staging / other.name).write_bytes(other.read_bytes())
+
+    replace_folder(args.folder, build)
+    print(f"{args.folder}: kept streaming heads {list(kept)} at window {args.window}, "
+          f"lam {args.lam:g}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
