@@ -24,6 +24,7 @@ from torch import nn
 from ._version import __version__
 from .atomic import atomic_write, sha256
 from .config import KVpopConfig, require_int
+from .streaming_heads import check_streaming_recency, saved_streaming_heads
 from .transform import require_transformed
 
 FORMAT = "kvpop-scorer"
@@ -248,7 +249,9 @@ def load_scorer(model: nn.Module, path: str | os.PathLike) -> nn.Module:
                 f"scorer mismatch: saved with {key}={have!r}, the model is transformed with "
                 f"{key}={want!r}"
             )
-    load_layers([a.scorer for a in _attentions(model)], read_tensors(folder))
+    tensors = read_tensors(folder)
+    check_streaming_recency(saved_streaming_heads(tensors), model.kvpop_config.lam)
+    load_layers([a.scorer for a in _attentions(model)], tensors)
     return model
 
 

@@ -15,19 +15,43 @@ while every other head keeps its learned pool. The change is in the weights, so 
 of the kernels, the exporters or a saved scorer's format: ``save_scorer`` saves it and every
 execution path runs it. Which heads to make streaming is a choice measured on validation data
 (``scripts/choose_streaming_heads.py``).
+
+Two conditions hold it: ``lam`` must stay a positive float32 number wherever the scorer runs
+(with ``lam = 0`` every token of a streaming head ties and the oldest are kept; ``load_scorer``
+refuses such a model), and positions must stay below 2^23, beyond which neighbouring positions
+can round to one float32 priority. Training the scorer further gives the zeroed readouts
+gradients again: choose streaming heads after training.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
+from .runtime.scorers.layers import PerHeadMLP
 from .transform import require_transformed
 
+# The smallest float32 ``lam`` that still orders positions: below it, ``lam`` rounds to 0 or to a
+# subnormal that loses the order between neighbouring positions.
+SMALLEST_LAM = torch.finfo(torch.float32).tiny
 
-def _readouts(model: nn.Module) -> list[nn.Module]:
+
+def require_recency(lam: float, what: str = "streaming heads need") -> None:
+    """Raise ``ValueError`` unless ``lam`` is a finite float32 number of at least
+    :data:`SMALLEST_LAM`, so that ``lam * t`` ranks a streaming head's tokens by position."""
+    ok = isinstance(lam, (int, float)) and math.isfinite(lam)
+    if not (ok and float(torch.tensor(float(lam), dtype=torch.float32)) >= SMALLEST_LAM):
+        raise ValueError(
+            f"{what} lam > 0 in float32 (at least {SMALLEST_LAM:.3g}), got lam={lam!r}: a head "
+            "scored 0 ranks its tokens by lam * position, and with lam = 0 every token ties and "
+            "the oldest are kept"
+        )
+
+
+def _readouts(model: nn.Module) -> list[PerHeadMLP]:
     """Each layer's scorer's readout (a ``PerHeadMLP``), refusing scorers that have none."""
     config = require_transformed(model)
     readouts = []
@@ -43,7 +67,16 @@ def _readouts(model: nn.Module) -> list[nn.Module]:
 
 
 def check_heads(heads: Iterable, num_layers: int, num_kv_heads: int) -> list[tuple[int, int]]:
-    """``heads`` as a sorted list of distinct ``(layer, kv_head)`` pairs of ints in range."""
+    """``heads`` as a sorted list of distinct ``(layer, kv_head)`` pairs of ints in range;
+    ``ValueError`` naming the first bad entry otherwise."""
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise ValueError(f"heads must be a list of (layer, kv_head) pairs, got {heads!r}")
+    heads = list(heads)
+    if len(heads) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in heads):
+        raise ValueError(
+            f"heads must be a list of (layer, kv_head) pairs, got the pair {tuple(heads)} alone: "
+            f"write [{tuple(heads)}]"
+        )
     pairs = []
     for head in heads:
         ok = (
@@ -61,26 +94,28 @@ def check_heads(heads: Iterable, num_layers: int, num_kv_heads: int) -> list[tup
                 f"streaming head {tuple(head)} is out of range: layers 0..{num_layers - 1}, "
                 f"KV heads 0..{num_kv_heads - 1}"
             )
+        if (layer, kv_head) in pairs:
+            raise ValueError(f"streaming heads name {(layer, kv_head)} twice")
         pairs.append((layer, kv_head))
-    if len(set(pairs)) != len(pairs):
-        raise ValueError(f"streaming heads repeat a pair: {pairs}")
     return sorted(pairs)
 
 
 def make_streaming_heads(model: nn.Module, heads: Iterable) -> list[tuple[int, int]]:
-    """Make ``heads`` of a transformed ``model`` streaming heads, in place; returns them sorted.
+    """Make ``heads`` of a transformed ``model`` streaming heads, in place.
 
     Args:
-        model: a model transformed with a learned scorer (``memory`` or ``mlp``) and ``lam > 0``.
-        heads: ``(layer, kv_head)`` pairs. Each such head's scorer output becomes exactly 0, so
-            its pool keeps the most recent tokens; the other heads are unchanged.
+        model: a model transformed with a learned scorer (``memory`` or ``mlp``) and ``lam > 0``
+            (:func:`require_recency`).
+        heads: ``(layer, kv_head)`` pairs. Each such head's readout layer (``w2 (hidden, 1)``
+            and ``b2 (1,)`` of its per-head MLP) is zeroed, so its scorer output is exactly 0
+            and its pool keeps the most recent tokens; the other heads are unchanged.
+
+    Returns:
+        The pairs, sorted. ``ValueError`` for an untransformed model, a heuristic scorer, a
+        ``lam`` that cannot order positions, or a bad pair (named).
     """
     config = require_transformed(model)
-    if not config.lam > 0:
-        raise ValueError(
-            f"streaming heads need lam > 0, got lam={config.lam}: a head scored 0 ranks its "
-            "tokens by lam * position, and with lam = 0 every token ties and the oldest are kept"
-        )
+    require_recency(config.lam)
     readouts = _readouts(model)
     pairs = check_heads(heads, len(readouts), readouts[0].w2.shape[0])
     with torch.no_grad():
@@ -90,12 +125,39 @@ def make_streaming_heads(model: nn.Module, heads: Iterable) -> list[tuple[int, i
     return pairs
 
 
+def _zero_heads(w2: torch.Tensor, b2: torch.Tensor) -> list[int]:
+    """The heads whose readout ``w2 (H, hidden, 1)`` and ``b2 (H, 1)`` are all zero."""
+    return [head for head in range(w2.shape[0]) if not w2[head].any() and not b2[head].any()]
+
+
 def streaming_heads(model: nn.Module) -> list[tuple[int, int]]:
     """The ``(layer, kv_head)`` pairs of a transformed ``model`` whose scorer output is 0 for
-    every token (its readout layer is all zero), sorted."""
+    every token (its readout layer, ``w2`` and ``b2``, is all zero), sorted; ``[]`` for a
+    heuristic scorer, which has no readout."""
+    require_transformed(model)
+    if model.model.layers[0].self_attn.scorer.readout_mlp() is None:
+        return []
     return [
-        (layer, kv_head)
+        (layer, head)
         for layer, readout in enumerate(_readouts(model))
-        for kv_head in range(readout.w2.shape[0])
-        if not readout.w2[kv_head].any() and not readout.b2[kv_head].any()
+        for head in _zero_heads(readout.w2, readout.b2)
     ]
+
+
+def saved_streaming_heads(tensors: dict[str, torch.Tensor]) -> list[tuple[int, int]]:
+    """:func:`streaming_heads` of a saved scorer's ``tensors`` (``layers.<i>.<readout>.w2`` and
+    ``.b2``, as ``scorer_io.read_tensors`` returns them), before they are loaded."""
+    heads = []
+    for name, w2 in tensors.items():
+        parts = name.split(".")
+        b2 = tensors.get(name[: -len("w2")] + "b2")
+        if parts[0] == "layers" and parts[-1] == "w2" and b2 is not None and w2.dim() == 3:
+            heads += [(int(parts[1]), head) for head in _zero_heads(w2, b2)]
+    return sorted(heads)
+
+
+def check_streaming_recency(heads: list[tuple[int, int]], lam: float) -> None:
+    """Raise ``ValueError`` when a scorer has streaming ``heads`` and ``lam`` cannot order their
+    tokens (:func:`require_recency`): those heads would keep the oldest tokens."""
+    if heads:
+        require_recency(lam, f"this scorer has streaming heads {heads}, which need")

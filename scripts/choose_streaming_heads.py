@@ -1,7 +1,6 @@
 """Choose a saved scorer's streaming heads: the KV heads that keep the most recent tokens.
 
-    python scripts/choose_streaming_heads.py kvpop_compile/embedded/scorers/memory-256 \\
-        --window 96 --lam 1e-6
+    python scripts/choose_streaming_heads.py runs/memory-256 --window 96 --lam 1e-6
 
 One window for every head splits each head's capacity the same way between the most recent
 tokens, which ordinary text needs, and a pool of older tokens the scorer rates high, which a
@@ -20,13 +19,16 @@ families) for these sets of streaming heads:
    first; ties: the higher text margin, then the lower layer and head).
 
 With every head streaming the cache keeps what the ``window`` policy keeps, so the text margin of
-the last set is 0 (the measure checks it). The rule, fixed before any measure: of the measured
-sets whose text accuracy is at least ``window``'s on all targets and on long-range targets, the
-one with the highest recall measure. ``FOLDER`` is rewritten in one swap with ``--window``, the
-pool of the rest of the capacity, ``--lam`` and the kept heads' readouts zeroed, and a
-``streaming_selection`` record in ``training.json`` of every measure; an earlier
-``recency_selection`` (the one-window split this replaces) moves under ``replaces``. A folder
-that already has streaming heads is refused: measure the scorer as it was trained.
+that set is 0 (the run checks it); it is measured, not a candidate: it is no scorer. The folder's
+saved configuration (its window and ``lam``, no streaming head) is measured too and is a
+candidate. The rule, fixed before any measure: of the candidates whose text accuracy is at
+least ``window``'s on all targets and on long-range targets, the one with the highest recall
+measure (the saved configuration on a tie); where none is, the saved configuration. ``FOLDER``
+is rewritten in one swap with the kept configuration (for a set of streaming heads:
+``--window``, the pool of the rest of the capacity, ``--lam`` and those heads' readouts zeroed;
+otherwise as it was) and a ``streaming_selection`` record in ``training.json`` of every measure;
+an earlier ``recency_selection`` moves under ``replaces``. A folder that already has streaming
+heads is refused: measure the scorer as it was trained.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import json
 import math
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from choose_priority_span import rewrite  # noqa: E402
 from choose_recency import split_config, text_accuracy  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
     SELECT_BATCH,
@@ -57,11 +61,15 @@ import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
 from kvpop_compile.evaluation.data import validation_sequences  # noqa: E402
-from kvpop_compile.evaluation.methods import WINDOW, budget_config  # noqa: E402
+from kvpop_compile.evaluation.methods import WINDOW  # noqa: E402
 from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, saved_shape  # noqa: E402
-from kvpop_compile.streaming_heads import make_streaming_heads, streaming_heads  # noqa: E402
+from kvpop_compile.streaming_heads import (  # noqa: E402
+    make_streaming_heads,
+    require_recency,
+    streaming_heads,
+)
 from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
 
 RECORD = "streaming_selection"
@@ -93,16 +101,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_args(args, saved: kc.KVpopConfig) -> None:
+    """Exit naming the first bad argument: ``--window`` must leave the pool a slot at the
+    saved capacity, ``--lam`` must order positions in float32, counts must be 1 or more."""
     widest = saved.capacity - saved.sinks - 1
     if not 1 <= args.window <= widest:
         raise SystemExit(f"--window must be from 1 to {widest} (capacity {saved.capacity} less "
                          f"{saved.sinks} sinks and one pool slot), got {args.window}")  # fmt: skip
-    if not (math.isfinite(args.lam) and args.lam > 0):
-        raise SystemExit(f"--lam must be a finite number > 0, got {args.lam}")
+    try:
+        require_recency(args.lam, "--lam: streaming heads need")
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     for name, value in (("--sequences", args.sequences), ("--items", args.items),
                         ("--threads", args.threads)):  # fmt: skip
         if value < 1:
             raise SystemExit(f"{name} must be 1 or more, got {value}")
+
+
+def window_policy(saved: kc.KVpopConfig) -> kc.KVpopConfig:
+    """The ``window`` policy at ``saved``'s sinks and capacity: the sinks and the newest rest."""
+    return kc.KVpopConfig(sinks=saved.sinks, window=1, topk=saved.capacity - saved.sinks - 1,
+                          scorer="window")  # fmt: skip
 
 
 def prefix_order(singles: dict[Heads, dict]) -> list[tuple[int, int]]:
@@ -116,20 +134,27 @@ def prefix_order(singles: dict[Heads, dict]) -> list[tuple[int, int]]:
     return [heads[0] for heads in sorted(singles, key=key)]
 
 
-def kept_heads(measured: dict[Heads, dict]) -> Heads:
+def kept_heads(measured: dict[Heads, dict], saved: dict) -> Heads | None:
     """The rule of the module docstring over ``measured`` (heads -> ``{"recall", "text_margin":
-    {"all", "long_range"}}``); the first measured of equal recall wins."""
+    {"all", "long_range"}}``, every head's set left out by the caller) and the ``saved``
+    configuration's measure: the kept heads, or ``None`` for the saved configuration; of equal
+    recall the saved one, then the first measured."""
     bad = [heads for heads, m in measured.items() if not math.isfinite(m["recall"])]
-    if bad:
-        raise ValueError(f"non-finite recall measure with streaming heads {bad}")
-    eligible = [heads for heads, m in measured.items() if min(m["text_margin"].values()) >= 0]
-    if not eligible:
-        raise ValueError("no measured set keeps the window policy's text accuracy, not even "
-                         "every head streaming: the measure is broken")  # fmt: skip
-    return max(eligible, key=lambda heads: measured[heads]["recall"])
+    if bad or not math.isfinite(saved["recall"]):
+        raise ValueError(f"non-finite recall measure with streaming heads {bad or 'saved'}")
+
+    def eligible(m: dict) -> bool:
+        return min(m["text_margin"].values()) >= 0
+
+    best = max((heads for heads, m in measured.items() if eligible(m)),
+               key=lambda heads: measured[heads]["recall"], default=None)  # fmt: skip
+    if best is None or (eligible(saved) and saved["recall"] >= measured[best]["recall"]):
+        return None
+    return best
 
 
 def main(argv=None) -> None:
+    """Measure, choose and rewrite the folder (module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     saved = saved_config(args.folder)
@@ -147,24 +172,30 @@ def main(argv=None) -> None:
     ids = torch.stack([s.ids for s in sequences])
     long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
     groups = selection_items("validation", args.items, args.seed)
-    baseline = kc.transform(load_embedded_model(path=args.model),
-                            budget_config("window", saved.capacity))  # fmt: skip
+    baseline = kc.transform(load_embedded_model(path=args.model), window_policy(saved))
     window_text = text_accuracy(baseline, ids, long_range)
     print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
     per_item = SELECT_MEASURES["probability"]
 
-    def measure(heads: Heads) -> dict:
-        make_streaming_heads(with_tensors(model, args.folder), heads)
-        text = text_accuracy(model, ids, long_range)
-        values = [v for items in groups for v in per_item(model, items, "prefill",
+    def measure_model(scored, what: str) -> dict:
+        text = text_accuracy(scored, ids, long_range)
+        values = [v for items in groups for v in per_item(scored, items, "prefill",
                                                           batch=SELECT_BATCH)]  # fmt: skip
         result = {"recall": sum(values) / len(values), "text": text,
                   "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
-        print(f"{args.folder}: streaming heads {list(heads)}: {result}", flush=True)
+        print(f"{args.folder}: {what}: {result}", flush=True)
         return result
 
-    all_heads = [(layer, head) for layer in range(shape["num_layers"])
-                 for head in range(shape["num_kv_heads"])]  # fmt: skip
+    def measure(heads: Heads) -> dict:
+        # Fresh tensors each time: the zeroed readouts of the last set must not carry over.
+        make_streaming_heads(with_tensors(model, args.folder), heads)
+        return measure_model(model, f"streaming heads {list(heads)}")
+
+    saved_model = with_tensors(kc.transform(load_embedded_model(path=args.model), saved),
+                               args.folder)  # fmt: skip
+    saved_measure = measure_model(saved_model, f"saved window {saved.window}, lam {saved.lam:g}")
+    all_heads = tuple((layer, head) for layer in range(shape["num_layers"])
+                      for head in range(shape["num_kv_heads"]))  # fmt: skip
     measured = {(): measure(())}
     singles = {(head,): measure((head,)) for head in all_heads}
     measured.update(singles)
@@ -172,11 +203,11 @@ def main(argv=None) -> None:
     for k in range(2, len(order) + 1):
         heads = tuple(sorted(order[:k]))
         measured[heads] = measure(heads)
-    every = measured[tuple(all_heads)]
+    every = measured[all_heads]
     if any(abs(margin) > 1e-9 for margin in every["text_margin"].values()):
         raise RuntimeError(f"every head streaming should keep what the window policy keeps, but "
                            f"the text margins are {every['text_margin']}")  # fmt: skip
-    kept = kept_heads(measured)
+    kept = kept_heads({h: m for h, m in measured.items() if h != all_heads}, saved_measure)
     training_file = args.folder / TRAINING_RECORD
     record = json.loads(training_file.read_text()) if training_file.is_file() else {}
     earlier = {name: record.pop(name) for name in EARLIER_RECORDS if name in record}
@@ -191,13 +222,18 @@ def main(argv=None) -> None:
                    "items_sha256": items_sha256(i for group in groups for i in group)},
         "order": [list(head) for head in order],
         "python": platform.python_version(),
+        "saved": {"window": saved.window, "lam": saved.lam, **saved_measure},
         "measured": [{"streaming_heads": [list(h) for h in heads], **m}
                      for heads, m in measured.items()],
-        "saved_before": {"window": saved.window, "lam": saved.lam},
-        "kept": [list(head) for head in kept],
+        "kept": None if kept is None else [list(head) for head in kept],
         "minutes": round((time.perf_counter() - start) / 60, 2),
         **({"replaces": earlier} if earlier else {}),
     }  # fmt: skip
+    if kept is None:
+        rewrite(args.folder, saved, record, args.model)
+        print(f"{args.folder}: kept the saved window {saved.window} and lam {saved.lam:g}, no "
+              "streaming heads")  # fmt: skip
+        return
     make_streaming_heads(with_tensors(model, args.folder), kept)
 
     def build(staging: Path) -> None:
@@ -205,7 +241,8 @@ def main(argv=None) -> None:
         (staging / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         for other in args.folder.iterdir():  # anything else a user keeps there goes along
             if not (staging / other.name).exists():
-                (staging / other.name).write_bytes(other.read_bytes())
+                copy = shutil.copytree if other.is_dir() else shutil.copy2
+                copy(other, staging / other.name)
 
     replace_folder(args.folder, build)
     print(f"{args.folder}: kept streaming heads {list(kept)} at window {args.window}, "

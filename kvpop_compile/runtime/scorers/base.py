@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .layers import PerHeadMLP
+
 
 class Scorer(nn.Module):
     """Base scorer: stateless, scored from ``(k, v, position)`` alone."""
@@ -49,8 +51,9 @@ class Scorer(nn.Module):
     def state_shape(self) -> tuple[int, ...]:
         return (0,)
 
-    def readout_mlp(self) -> nn.Module | None:
-        """The per-head MLP whose output is ``rhat`` (a learned scorer's), or ``None``: what
+    def readout_mlp(self) -> PerHeadMLP | None:
+        """The per-head MLP whose output is ``rhat``, ``(B, H, ..., in) → (B, H, ...)`` (a
+        learned scorer's), or ``None``: the layer whose last weights
         :func:`kvpop_compile.streaming_heads.make_streaming_heads` zeroes per head."""
         return None
 
