@@ -113,6 +113,29 @@ def text_accuracy(model, ids: torch.Tensor, long_range: torch.Tensor) -> dict[st
     return {"all": correct.mean().item(), "long_range": ((correct * lr).sum() / lr.sum()).item()}
 
 
+def validation_data(sequences: int, items: int, seed: int):
+    """What both measures read: ``sequences`` validation text windows (one per file), their
+    token ids ``(S, L + 1)`` and long-range targets ``(S, L)`` bool, and ``items`` validation
+    recall items per family group and task drawn with ``seed`` (one list per group and task)."""
+    windows = validation_sequences(sequences, per_file=1)
+    ids = torch.stack([s.ids for s in windows])
+    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in windows])[:, 1:]
+    return windows, ids, long_range, selection_items("validation", items, seed)
+
+
+def data_record(sequences, window_text: dict, groups, items: int, seed: int) -> dict:
+    """The ``text`` and ``recall`` parts of a selection record: what was measured, and the
+    ``window`` policy's text accuracy the margins are taken from."""
+    return {
+        "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
+                 "window_policy": window_text},
+        "recall": {"split": "validation", "families": list(SELECTION_FAMILIES),
+                   "items_per_task": items, "seed": seed, "measure": "probability",
+                   "protocol": "prefill",
+                   "items_sha256": items_sha256(i for group in groups for i in group)},
+    }  # fmt: skip
+
+
 def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
     """The rule of the module docstring over ``measured`` (``(window, lam)`` -> ``{"recall",
     "text_margin": {"all", "long_range"}}``, the margins over ``window``)."""
@@ -141,10 +164,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"{name} must be 1 or more, got {value}")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    sequences = validation_sequences(args.sequences, per_file=1)
-    ids = torch.stack([s.ids for s in sequences])
-    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
-    groups = selection_items("validation", args.items, args.seed)
+    sequences, ids, long_range, groups = validation_data(args.sequences, args.items, args.seed)
     model = load_embedded_model(path=args.model)
     baseline = kc.transform(model, budget_config("window", saved.capacity))
     window_text = text_accuracy(baseline, ids, long_range)
@@ -170,12 +190,7 @@ def main(argv=None) -> None:
     record[RECORD] = {
         "command": " ".join(["python scripts/choose_recency.py", *argv]),
         "capacity": saved.capacity,
-        "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
-                 "window_policy": window_text},
-        "recall": {"split": "validation", "families": list(SELECTION_FAMILIES),
-                   "items_per_task": args.items, "seed": args.seed, "measure": "probability",
-                   "protocol": "prefill",
-                   "items_sha256": items_sha256(i for group in groups for i in group)},
+        **data_record(sequences, window_text, groups, args.items, args.seed),
         "python": platform.python_version(),
         "measured": [{"window": w, "lam": lam, **m} for (w, lam), m in measured.items()],
         "saved_before": {"window": saved.window, "lam": saved.lam},

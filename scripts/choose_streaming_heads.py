@@ -48,29 +48,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import rewrite  # noqa: E402
-from choose_recency import split_config, text_accuracy  # noqa: E402
+from choose_recency import data_record, split_config, text_accuracy, validation_data  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
     SELECT_BATCH,
     SELECT_MEASURES,
     TRAINING_RECORD,
-    selection_items,
     with_tensors,
 )
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
-from kvpop_compile.evaluation.data import validation_sequences  # noqa: E402
-from kvpop_compile.evaluation.methods import WINDOW  # noqa: E402
-from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
-from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import saved_config, saved_shape  # noqa: E402
 from kvpop_compile.streaming_heads import (  # noqa: E402
     make_streaming_heads,
     require_recency,
     streaming_heads,
 )
-from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
 
 RECORD = "streaming_selection"
 EARLIER_RECORDS = (RECORD, "recency_selection")
@@ -168,10 +162,7 @@ def main(argv=None) -> None:
     if already:
         raise SystemExit(f"{args.folder} already has streaming heads {already}: choose them on "
                          "the scorer as it was trained")  # fmt: skip
-    sequences = validation_sequences(args.sequences, per_file=1)
-    ids = torch.stack([s.ids for s in sequences])
-    long_range = torch.stack([long_range_targets(s.ids, WINDOW) for s in sequences])[:, 1:]
-    groups = selection_items("validation", args.items, args.seed)
+    sequences, ids, long_range, groups = validation_data(args.sequences, args.items, args.seed)
     baseline = kc.transform(load_embedded_model(path=args.model), window_policy(saved))
     window_text = text_accuracy(baseline, ids, long_range)
     print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
@@ -214,12 +205,7 @@ def main(argv=None) -> None:
     record[RECORD] = {
         "command": " ".join(["python scripts/choose_streaming_heads.py", *argv]),
         "capacity": saved.capacity, "window": args.window, "lam": args.lam,
-        "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
-                 "window_policy": window_text},
-        "recall": {"split": "validation", "families": list(SELECTION_FAMILIES),
-                   "items_per_task": args.items, "seed": args.seed, "measure": "probability",
-                   "protocol": "prefill",
-                   "items_sha256": items_sha256(i for group in groups for i in group)},
+        **data_record(sequences, window_text, groups, args.items, args.seed),
         "order": [list(head) for head in order],
         "python": platform.python_version(),
         "saved": {"window": saved.window, "lam": saved.lam, **saved_measure},
