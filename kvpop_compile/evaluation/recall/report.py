@@ -15,7 +15,8 @@ from ...atomic import atomic_write
 from ...embedded.recall import TASKS
 from ...embedded.recall_syntax import FAMILY_SPLITS
 from ...fingerprints import weights_sha256
-from ..methods import FULL, method_notes
+from ..data import SEQUENCE_LENGTH
+from ..methods import BUDGETS, FULL, method_notes
 from ..statistics import Estimate, ratio
 from .kvpress import load_kvpress_recall, summarize_kvpress_recall
 from .protocol import (
@@ -287,6 +288,36 @@ def _asked(results: dict) -> str:
     )
 
 
+def _budgets(results: dict) -> str:
+    """How much a budget compresses at each length other than the benchmark's, for the report's
+    first paragraph; empty when every item has the benchmark's length. A budget keeps a fixed
+    number of tokens (:data:`~..methods.BUDGETS`), so it compresses a shorter prompt less, and
+    the decode protocol's stretch adds positions before the question."""
+    shorter = [n for n in results["lengths"] if n != SEQUENCE_LENGTH]
+    if not shorter:
+        return ""
+    pairs = [f'{capacity} at "{budget}"' for budget, capacity in BUDGETS.items()]
+    kept = " and ".join([pairs[0].replace(" at ", " tokens at ", 1), *pairs[1:]])
+
+    def compressions(positions: int) -> str:
+        return " and ".join(f"{100 * (1 - c / positions):.0f}%" for c in BUDGETS.values())
+
+    decode = "decode" in results.get("protocols", ["prefill", "decode"])
+
+    def at(n: int) -> str:
+        prompt = f"at {n} bytes they compress the prompt by {compressions(n)}"
+        if not decode:
+            return prompt
+        reached = n + results["stretch"][str(n)]
+        return f"{prompt}, and the {reached} positions decode reaches by {compressions(reached)}"
+
+    lengths = "; ".join(at(n) for n in shorter)
+    return (
+        f" Budgets are named by the compression of a {SEQUENCE_LENGTH}-token context: each layer "
+        f"and KV head keeps {kept} at every length ({lengths})."
+    )
+
+
 def recall_document(results: dict, kvpress: dict | None = None) -> str:
     """The recall report's markdown for ``results`` (as :func:`~.protocol.run_recall` returns
     them, with ``model``), joined with kvpress's saved recall results when given."""
@@ -308,7 +339,7 @@ def recall_document(results: dict, kvpress: dict | None = None) -> str:
     parts = [
         "# Long-range recall",
         f"{_asked(results)}; on {model_name}, exact match of the greedy answer, with 95% "
-        f"bootstrap intervals over items.{decode}",
+        f"bootstrap intervals over items.{decode}{_budgets(results)}",
         recall_markdown(results, summary, kvpress_summary),
         "## Targets\n\n" + "\n".join(targets or [_no_targets(results)]),
     ]

@@ -283,6 +283,33 @@ def test_decode_targets_are_judged_at_the_length_the_decode_protocol_ran():
     assert "- none here: the targets are at 2048 bytes" in recall_document(short)
 
 
+def test_the_report_says_how_much_a_budget_compresses_items_of_other_lengths():
+    # A budget keeps a fixed number of tokens, so 1024-byte prompts are compressed less than
+    # its name says, and the decode protocol's stretch brings the question to 2048 positions.
+    row = {"prefill": {"train/lookup@1024": [1.0]}, "decode": {"train/lookup@1024": [1.0]}}
+    results = {"protocols": ["prefill", "decode"], "items": 1, "lengths": [1024, 2048],
+               "stretch": {"1024": 1024, "2048": 0}, "families": ["train"],
+               "methods": {"full": row}}  # fmt: skip
+    sentence = (
+        "Budgets are named by the compression of a 2048-token context: each layer and KV head "
+        'keeps 512 tokens at "75%" and 256 at "88%" at every length (at 1024 bytes they compress '
+        "the prompt by 50% and 75%, and the 2048 positions decode reaches by 75% and 88%)."
+    )
+    assert sentence in recall_document(results)
+    # A shorter stretch reaches fewer positions; a prefill-only run says nothing of decode.
+    capped = {**results, "stretch": {"1024": 256, "2048": 0}}
+    assert "and the 1280 positions decode reaches by 60% and 80%)." in recall_document(capped)
+    prefill = {
+        **results,
+        "protocols": ["prefill"],
+        "methods": {"full": {"prefill": row["prefill"]}},
+    }
+    assert "(at 1024 bytes they compress the prompt by 50% and 75%)." in recall_document(prefill)
+    # Items of the benchmark's own length need no such sentence.
+    full_length = {**results, "lengths": [2048], "stretch": {"2048": 0}}
+    assert "Budgets are named" not in recall_document(full_length)
+
+
 def test_a_retention_target_prints_the_interval_of_paired_draws():
     # The same draws of items for both methods: a policy that answers exactly the items full
     # attention answers keeps 100% in every draw, however many items both miss; drawn
