@@ -48,7 +48,7 @@ from kvpop_compile.evaluation.data import (  # noqa: E402
     Sequence,
     held_out_sequences,
 )
-from kvpop_compile.evaluation.methods import BUDGETS, WINDOW, capacities  # noqa: E402
+from kvpop_compile.evaluation.methods import BUDGETS, WINDOW  # noqa: E402
 from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.evaluation.recall.protocol import (  # noqa: E402
     RECALL_FAMILIES,
@@ -87,9 +87,10 @@ RECALL_PROTOCOL = (
     "Recall: the held-out items of `kvpop-compile eval --recall` (recall_items('held_out', task, "
     f"length, items, seed {RECALL_SEED})), scored by the exact match of the greedy answer. "
     "Prefill protocol: the prompt but its last token is prefilled with the press active, which "
-    "keeps the budget's tokens per layer and KV head (capacities(length): 512 and 256 at 2048 "
-    "bytes, 256 and 128 at 1024, for 75% and 88%); the last prompt token and then the answer "
-    "are fed one per forward at their true positions with no press, so every answer token is "
+    "keeps the recall benchmark's tokens per layer and KV head at every length, as its methods "
+    "do (BUDGETS: 512 and 256, for 75% and 88% of a 2048-token context; a 1024-byte prompt is "
+    "compressed by 50% and 75%); the last prompt token and then the answer are fed one per "
+    "forward at their true positions with no press, so every answer token is "
     "chosen from the compressed cache (the prefill's own logits, computed with the whole prompt "
     "in view, are not used). The question is inside the prefilled prompt, so a press that looks "
     "at the latest queries (SnapKV's 64-token window, TOVA) sees it when it compresses. Decode "
@@ -223,7 +224,8 @@ def runnable_protocols(protocols, lengths, max_positions: int) -> tuple[str, ...
 
 def recall_job(groups: dict, protocols, max_positions: int, batch: int) -> dict:
     """The worker's recall job (without the model folder): each group's prompt and answer ids,
-    its tokens kept per budget (``capacities(length)``), question cut and decode stretch."""
+    its tokens kept per budget (:data:`BUDGETS` at every length, as the recall benchmark's
+    methods keep), question cut and decode stretch."""
     return {
         "mode": "recall",
         "presses": list(PRESSES),
@@ -236,7 +238,7 @@ def recall_job(groups: dict, protocols, max_positions: int, batch: int) -> dict:
                 "name": part_name(name, part),
                 "prompts": [encode(items[i].prompt).tolist() for i in indices],
                 "answers": [encode(items[i].answer).tolist() for i in indices],
-                "kept": capacities(items[0].context_length),
+                "kept": dict(BUDGETS),
                 "cut": question_cut([items[i] for i in indices]),
                 "stretch": decode_stretch(items[0].context_length, max_positions),
             }
@@ -435,7 +437,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         protocols=list(protocols),
         seed=RECALL_SEED,
         stretch={str(n): decode_stretch(n, max_positions) for n in args.lengths},
-        budgets={str(n): capacities(n) for n in args.lengths},
+        budgets={str(n): dict(BUDGETS) for n in args.lengths},
         decode_interval=DECODE_INTERVAL,
         checkpoint_sha256=sha256,
         model_sha256=_weights_sha256(args.model),

@@ -20,7 +20,7 @@ from kvpop_compile.embedded.corpus import encode
 from kvpop_compile.embedded.model import EMBEDDED_MODEL
 from kvpop_compile.embedded.recall import recall_items
 from kvpop_compile.evaluation.data import Sequence
-from kvpop_compile.evaluation.methods import capacities
+from kvpop_compile.evaluation.methods import BUDGETS
 from kvpop_compile.evaluation.quality.long_range import long_range_targets
 from kvpop_compile.evaluation.recall.kvpress import summarize_kvpress_recall
 from kvpop_compile.evaluation.recall.protocol import (
@@ -194,7 +194,9 @@ def test_driver_asks_the_recall_benchmarks_items_by_family_group():
             )
             for i in indices:  # where greedy_answers cuts
                 assert part["cut"] == len(items[i].prompt) - len(items[i].question) + 1
-            assert part["kept"] == capacities(1024) == {"75%": 256, "88%": 128}
+            # The recall benchmark's methods keep 512 and 256 tokens at every length; so do
+            # the presses, not a quarter and an eighth of the shorter prompt.
+            assert part["kept"] == BUDGETS == {"75%": 512, "88%": 256}
             assert part["stretch"] == decode_stretch(1024, 2048) == 1024
             seen += indices
         assert sorted(seen) == list(range(len(items)))
@@ -331,6 +333,22 @@ def test_a_kvpress_file_of_other_groups_is_not_compared():
     assert "held-out families, lookup@2048 (prefill): met — 75.0% against window's 0.0%" in (
         document
     )
+
+
+def test_a_kvpress_file_that_kept_other_token_counts_is_not_compared():
+    results = _recall_results(memory=[1.0, 1.0, 1.0, 0.0])
+    same = {**_kvpress_recall([1.0] * 4), "budgets": {"2048": dict(BUDGETS)}}
+    assert "kvpress snapkv @ 88%" in summarize_kvpress_recall(same, results)[0]
+    # A run that kept a quarter and an eighth of a 1024-byte prompt kept half of what the
+    # methods beside it keep: left out, by length and count.
+    halved = {**same, "budgets": {"1024": {"75%": 256, "88%": 128}, "2048": dict(BUDGETS)}}
+    summary, notes = summarize_kvpress_recall(halved, results)
+    assert summary == {}
+    assert notes == [
+        "kvpress recall: not compared (kvpress_recall.json kept at 1024 bytes {'75%': 256, "
+        "'88%': 128} tokens per layer and KV head, this run's methods {'75%': 512, '88%': 256} "
+        "at every length: rerun benchmarks/kvpress_eval.py --recall)"
+    ]
 
 
 def test_recall_report_compares_the_items_both_runs_asked():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..methods import FULL, NO_PRESS
+from ..methods import BUDGETS, FULL, NO_PRESS
 from ..statistics import Estimate, ratio
 from .protocol import RECALL_SEED
 
@@ -92,6 +92,9 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
             f"{kvpress.get('model_sha256')}, this run on {weights}: rerun "
             "benchmarks/kvpress_eval.py --recall)"
         ]
+    other_budgets = _other_budgets(kvpress)
+    if other_budgets is not None:
+        return {}, [other_budgets]
     full = results["methods"][FULL]
     unmatched = _unmatched_groups(kvpress, results)
     if unmatched is not None:
@@ -113,6 +116,22 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
                 if figures:
                     summary.setdefault(kvpress_method(press, budget), {})[protocol] = figures
     return summary, notes
+
+
+def _other_budgets(kvpress: dict) -> str | None:
+    """A note when kvpress kept other token counts than this benchmark's methods, which keep
+    :data:`~..methods.BUDGETS` at every item length (a run that kept fewer tokens at a shorter
+    length would sit beside rows that keep more), else None."""
+    other = {length: kept for length, kept in kvpress.get("budgets", {}).items()
+             if kept != BUDGETS}  # fmt: skip
+    if not other:
+        return None
+    shown = "; ".join(f"at {length} bytes {kept}" for length, kept in sorted(other.items()))
+    return (
+        f"kvpress recall: not compared ({KVPRESS_RECALL} kept {shown} tokens per layer and KV "
+        f"head, this run's methods {BUDGETS} at every length: rerun "
+        "benchmarks/kvpress_eval.py --recall)"
+    )
 
 
 def _unmatched_groups(kvpress: dict, results: dict) -> str | None:
