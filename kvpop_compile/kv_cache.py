@@ -116,12 +116,14 @@ class KVpopLayer(CacheLayerMixin):
 
 
 class KVpopCache(Cache):
-    """Bounded KV caches for ``num_layers`` layers under one :class:`KVpopConfig`."""
+    """Bounded KV caches for ``num_layers`` layers under one :class:`KVpopConfig` (layer ``i``
+    at ``config.layer(i)``, its own budget under a per-layer one)."""
 
     def __init__(self, num_layers: int, config: KVpopConfig):
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        super().__init__(layers=[KVpopLayer(config) for _ in range(num_layers)])
+        config.check_layers(num_layers)
+        super().__init__(layers=[KVpopLayer(config.layer(i)) for i in range(num_layers)])
         self.config = config
         # Per row, how many of the current forward's leading tokens are left padding, which no
         # layer may write (set by the transformed model's forward hook from the attention

@@ -63,12 +63,14 @@ class KVpopAttention(nn.Module):
             )
         # The identity test first: under compilation, after other models' steps were compiled
         # in the process, the configs' integers may be symbolic and not comparable by value.
-        if cache.config is not self.kvpop_config and cache.config != self.kvpop_config:
+        layer = cache.layers[self.layer_idx]
+        if layer.config is not self.kvpop_config and layer.config != self.kvpop_config:
             raise ValueError(
                 f"this KVpopCache was made for {cache.config}, the model is transformed with "
-                f"{self.kvpop_config}; use kvpop_compile.new_cache(model)"
+                f"{self.kvpop_config} in layer {self.layer_idx}; use "
+                "kvpop_compile.new_cache(model)"
             )
-        return cache.layers[self.layer_idx].state_for(self.scorer, **kwargs)
+        return layer.state_for(self.scorer, **kwargs)
 
     def forward(
         self,

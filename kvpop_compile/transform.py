@@ -73,9 +73,10 @@ def check_transformable(model: nn.Module, config: KVpopConfig) -> None:
             f"attn_implementation {implementation!r} is not supported; load the model with "
             f"attn_implementation='sdpa' or 'eager'"
         )
-    if config.capacity > hf_config.max_position_embeddings:
+    config.check_layers(hf_config.num_hidden_layers)
+    if config.max_capacity > hf_config.max_position_embeddings:
         raise ValueError(
-            f"capacity {config.capacity} (sinks + window + topk) exceeds the model's "
+            f"capacity {config.max_capacity} (sinks + window + topk) exceeds the model's "
             f"max_position_embeddings {hf_config.max_position_embeddings}; lower topk or window"
         )
 
@@ -242,19 +243,21 @@ def transform(model: nn.Module, config: KVpopConfig | None = None) -> nn.Module:
     """Rewrite every attention of a Qwen3 / Qwen3-MoE causal LM into KVpop bounded attention.
 
     The model is changed in place and returned. Its ``forward`` and ``generate()`` then keep at
-    most ``config.capacity`` tokens per layer and KV head; scorer parameters live in
+    most ``config.capacity`` tokens per layer and KV head (layer ``i``
+    ``config.layer(i).capacity`` under a per-layer budget); scorer parameters live in
     ``model.model.layers[i].self_attn.scorer``.
     """
     config = KVpopConfig() if config is None else config
     check_transformable(model, config)
     hf_config = model.config
-    for layer in model.model.layers:
+    for index, layer in enumerate(model.model.layers):
         attention = layer.self_attn
         graph = capture_attention(
             attention, hidden_size=hf_config.hidden_size, head_dim=attention.head_dim
         )
-        graph = run_passes(graph, config)
-        layer.self_attn = KVpopAttention(attention, graph, config).train(attention.training)
+        budget = config.layer(index)  # the layer's own under a per-layer budget
+        graph = run_passes(graph, budget)
+        layer.self_attn = KVpopAttention(attention, graph, budget).train(attention.training)
     model.kvpop_config = config
     # Instance attributes, so the class and the saved generation config stay the original's.
     model.generate = ChunkedGenerate(model)

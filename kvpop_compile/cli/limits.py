@@ -96,7 +96,7 @@ def check_bench_memory(args: argparse.Namespace, settings, device: str) -> None:
 
     def cached_tokens(n: int) -> int:
         held = [n + steps] if transformers else []
-        return min([*held, *([settings.kvpop_config.capacity] if kvpop else [])])
+        return min([*held, *([settings.kvpop_config.max_capacity] if kvpop else [])])
 
     def needed(n: int, batch: int) -> int:
         return batch * (ID_BYTES * n + per_token * cached_tokens(n))

@@ -6,7 +6,9 @@ head keeps a quarter of the sequence's tokens (512 of :data:`~.data.SEQUENCE_LEN
 and window are counted inside the budget. The heuristics run at :data:`SINKS` sinks and a
 :data:`WINDOW`-token window; a learned policy runs at the window its trained scorer was saved
 with (a window is part of what a scorer was chosen for, like its ``priority_span``), and that
-is :data:`WINDOW` too unless its ``scorer.json`` says otherwise.
+is :data:`WINDOW` too unless its ``scorer.json`` says otherwise. A scorer saved with a per-layer
+budget runs at it: its layers' capacities differ and average the budget's capacity, so the
+cache holds the same memory as every other method's at that budget.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ KEPT_FRACTION = {"75%": 4, "88%": 8}
 """Compression label -> how many times the sequence is longer than the capacity."""
 
 
-_UNWRITTEN = {"priority_span": 0, "window": WINDOW, "lam": 0.0}
+_UNWRITTEN = {"priority_span": 0, "window": WINDOW, "lam": 0.0, "topk": None}
 """A method's settings that :meth:`Method.record` leaves out of a file when they take these
 values, as every row did before they could differ."""
 
@@ -58,10 +60,26 @@ EMBEDDED_SCORERS = Path(__file__).resolve().parents[1] / "embedded" / "scorers"
 
 
 def budget_config(
-    policy: str, capacity: int, priority_span: int = 0, window: int = WINDOW
+    policy: str,
+    capacity: int,
+    priority_span: int = 0,
+    window: int | tuple[int, ...] = WINDOW,
+    topk: tuple[int, ...] | None = None,
 ) -> KVpopConfig:
     """The benchmark's config for ``policy`` keeping ``capacity`` tokens: :data:`SINKS` sinks,
-    the ``window`` most recent tokens, and a pool of the rest."""
+    the ``window`` most recent tokens, and a pool of the rest. With per-layer ``window`` and
+    ``topk`` tuples, a per-layer budget whose layers' capacities average ``capacity``."""
+    if topk is not None:
+        config = KVpopConfig(
+            sinks=SINKS, window=window, topk=topk, scorer=policy, priority_span=priority_span
+        )
+        if sum(config.capacities) != capacity * config.per_layer:
+            raise ValueError(
+                f"a per-layer budget at capacity {capacity} keeps {capacity} slots per layer "
+                f"on average; window={list(config.window)} and topk={list(config.topk)} keep "
+                f"{list(config.capacities)}"
+            )
+        return config
     require_int("window", window, 1)
     if capacity <= SINKS + window:
         raise ValueError(
@@ -84,22 +102,27 @@ class Method:
     """One row of the benchmark: ``policy`` at ``budget`` (both None for full attention) of
     sequences of ``length`` tokens, its scores spread over ``priority_span`` tokens
     (``KVpopConfig.priority_span``), the ``window`` most recent tokens always kept, and ``lam``
-    the recency term of its priority (``KVpopConfig.lam``: a learned scorer's saved one)."""
+    the recency term of its priority (``KVpopConfig.lam``: a learned scorer's saved one).
+    ``topk`` None: one budget in every layer, its pool the rest of the capacity; a tuple: the
+    per-layer budget a learned scorer was saved with, ``window`` a tuple beside it."""
 
     policy: str | None
     budget: str | None
     length: int = SEQUENCE_LENGTH
     priority_span: int = 0
-    window: int = WINDOW
+    window: int | tuple[int, ...] = WINDOW
     lam: float = 0.0
+    topk: tuple[int, ...] | None = None
 
     def record(self) -> dict:
         """What a results file says of the method: policy, budget, and a span or window where
-        they differ from the defaults (so files of runs without them read as before)."""
+        they differ from the defaults (so files of runs without them read as before), tuples as
+        lists (as the file reads back)."""
         record: dict = {"policy": self.policy, "budget": self.budget}
         for key, default in _UNWRITTEN.items():
-            if getattr(self, key) != default:
-                record[key] = getattr(self, key)
+            value = getattr(self, key)
+            if value != default:
+                record[key] = list(value) if isinstance(value, tuple) else value
         return record
 
     def differs_from(
@@ -167,11 +190,14 @@ def methods(
             span = config.priority_span if config is not None else 0
         window = config.window if config is not None else WINDOW
         lam = config.lam if config is not None else 0.0
-        return Method(policy, budget, length, span, window, lam)
+        topk = config.topk if config is not None and config.per_layer is not None else None
+        return Method(policy, budget, length, span, window, lam, topk)
 
     listed = [Method(None, None, length)] + [method(p, b) for b in budgets for p in policies]
     for m in listed[1:]:
-        if m.capacity <= SINKS + m.window:
+        if m.topk is not None:
+            budget_config(m.policy, m.capacity, m.priority_span, m.window, m.topk)  # checks
+        elif m.capacity <= SINKS + m.window:
             shortest = (SINKS + m.window + 1) * KEPT_FRACTION[m.budget]
             raise ValueError(
                 f"sequence length {length} keeps {m.capacity} tokens at the {m.budget} budget, "
@@ -194,7 +220,22 @@ def method_notes(records: dict) -> list[str]:
             f"after it): {spans}, the span each trained scorer was saved with unless the run "
             "asked for one; full attention and the heuristic policies run without it"
         )
-    wider = {name: r["window"] for name, r in records.items() if r.get("window", WINDOW) != WINDOW}
+    per_layer = {name: r for name, r in records.items() if r.get("topk") is not None}
+    if per_layer:
+        budgets = "; ".join(
+            f"{name}: " + ", ".join(f"{SINKS + w + k}" for w, k in zip(r["window"], r["topk"],
+                                                                       strict=True))
+            + f" (windows {', '.join(map(str, r['window']))})"
+            for name, r in per_layer.items()
+        )  # fmt: skip
+        notes.append(
+            "per-layer budget (slots per KV head in each layer, first layer first, averaging "
+            f"the budget's capacity, so the cache holds the same memory): {budgets}, the "
+            "budget each trained scorer was saved with; every other method keeps the budget's "
+            "capacity in every layer"
+        )
+    wider = {name: r["window"] for name, r in records.items()
+             if r.get("topk") is None and r.get("window", WINDOW) != WINDOW}  # fmt: skip
     if wider:
         windows = ", ".join(f"{name} {window}" for name, window in wider.items())
         notes.append(
@@ -273,7 +314,9 @@ def build_model(original: nn.Module, method: Method, scorer_root: str | Path | N
     """
     if method.policy is None:
         return original
-    config = budget_config(method.policy, method.capacity, method.priority_span, method.window)
+    config = budget_config(
+        method.policy, method.capacity, method.priority_span, method.window, method.topk
+    )
     config = dataclasses.replace(config, lam=method.lam)
     if not config.scorer.learned:
         return transform(copy.deepcopy(original), config)

@@ -140,7 +140,7 @@ def bounded_cache_as_dynamic(cache: KVpopCache, config) -> DynamicCache:
         if bool((state.positions < 0).any()):
             raise ValueError(
                 f"layer {index}'s KVpop cache has empty slots: the prompt must be longer than "
-                f"the capacity {config.capacity}"
+                f"the capacity {config.layer(index).capacity}"
             )
         dynamic.update(state.keys, state.values, index)
     return dynamic

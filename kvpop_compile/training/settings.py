@@ -108,6 +108,12 @@ class TrainSettings:
             raise ValueError(
                 f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
             )
+        if config.per_layer is not None:
+            raise ValueError(
+                f"scorers train at one budget for every layer; this config keeps "
+                f"{list(config.capacities)} slots per KV head in its layers: train at one "
+                "capacity, then run the saved scorer at a per-layer budget (docs/design.md §2)"
+            )
         if self.batch_size % processes:
             raise ValueError(
                 f"batch_size {self.batch_size} must be a multiple of the {processes} processes"

@@ -98,6 +98,10 @@ def add_arguments(parser) -> None:
         "--capacity", type=int,
         help=f"cache slots per layer and KV head (default: the scorer's, or {DEFAULT_CAPACITY})",
     )  # fmt: skip
+    parser.add_argument(
+        "--window", type=int,
+        help="most recent tokens kept, inside the capacity (default: the scorer's)",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (8000)")
     # ``main`` hands what follows ``--`` on the command line to vLLM's server unchanged.
@@ -110,10 +114,18 @@ def settings_from_arguments(args) -> ServeSettings:
     from ..config import KVpopConfig
     from .settings import serve_settings
 
-    if args.capacity is not None and args.capacity < 1:
-        raise ValueError(f"--capacity must be >= 1, got {args.capacity}")
+    for name in ("capacity", "window"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    window = args.window
     if args.scorer_path is not None:
-        return serve_settings(args.scorer_path, capacity=args.capacity)
+        return serve_settings(args.scorer_path, capacity=args.capacity, window=window)
+    if window is not None:
+        raise ValueError(
+            "--window sets a trained scorer's window (--scorer-path); a heuristic policy keeps "
+            "its own"
+        )
     capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
     window = min(DEFAULT_WINDOW, capacity // 2)
     config = KVpopConfig(sinks=4, window=max(window, 1), topk=0, scorer=args.policy or "window")

@@ -32,6 +32,18 @@ class ServeSettings:
     config: KVpopConfig
     scorer_path: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.config.per_layer is not None:
+            # vLLM gives every layer's state pages of one size: the largest layer's page in
+            # every layer would hold more memory than the budget says.
+            raise ValueError(
+                f"vLLM serves one budget in every layer; this config keeps "
+                f"{list(self.config.capacities)} slots per KV head in its layers (window="
+                f"{list(self.config.window)}, topk={list(self.config.topk)}). Serve it at one "
+                "budget: serve_settings(folder, capacity=N, window=W), or kvpop-compile serve "
+                "--capacity N --window W"
+            )
+
     def to_dict(self) -> dict:
         return {"config": self.config.to_dict(), "scorer_path": self.scorer_path}
 
@@ -55,20 +67,30 @@ def serve_settings(
     scorer_path: str | Path | None = None,
     config: KVpopConfig | None = None,
     capacity: int | None = None,
+    window: int | None = None,
 ) -> ServeSettings:
     """The settings of a served model: ``config``, or the one ``scorer_path`` was saved with
-    (a trained scorer is served with the window and sizes it was trained for), with the pool
-    resized to ``capacity`` slots when given."""
+    (a trained scorer is served with the window and sizes it was trained for), at ``capacity``
+    slots per layer and KV head with a ``window`` of the most recent tokens when either is
+    given (the saved value where one is not). A per-layer budget is served only so, at one
+    budget, and needs both."""
     if config is None:
         config = saved_config(scorer_path) if scorer_path is not None else KVpopConfig()
-    if capacity is not None:
-        topk = capacity - config.sinks - config.window
+    if capacity is not None or window is not None:
+        if config.per_layer is not None and (capacity is None or window is None):
+            raise ValueError(
+                f"the config keeps a per-layer budget ({list(config.capacities)} slots per KV "
+                "head); give both capacity and window to serve it at one budget"
+            )
+        window = config.window if window is None else window
+        capacity = config.capacity if capacity is None else capacity
+        topk = capacity - config.sinks - window
         if topk < 0:
             raise ValueError(
-                f"capacity {capacity} is below sinks + window = "
-                f"{config.sinks + config.window} of this policy"
+                f"capacity {capacity} is below sinks + window = {config.sinks + window} of "
+                "this policy"
             )
-        config = KVpopConfig(**{**config.to_dict(), "topk": topk})
+        config = KVpopConfig(**{**config.to_dict(), "window": window, "topk": topk})
     path = None if scorer_path is None else str(Path(scorer_path).resolve())
     return ServeSettings(config, path)
 

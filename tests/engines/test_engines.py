@@ -313,3 +313,15 @@ def test_cli_exports_a_local_checkpoint(tmp_path, capsys):
         main(args[:-2] + ["--topk", "-1"])
     assert exit.value.code == 2
     assert "argument --topk: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+
+
+def test_an_engine_with_a_per_layer_budget_generates_the_eager_tokens(tmp_path):
+    """Each layer's state tensors have that layer's capacity in the exported graph."""
+    per_layer = kc.transform(tiny_qwen3(), dataclasses.replace(CONFIG, window=(4, 6), topk=(10, 3)))
+    ids = prompt(length=PROMPT_LENGTH, batch=1)
+    folder = kc.export(per_layer, tmp_path / "onnx", "onnx")
+    state = read_manifest(folder)["state"]
+    keys = [s["shape"] for s in state if s["name"].rsplit(".", 1)[-1] == "keys"]
+    assert [shape[2] for shape in keys] == [16, 11]
+    runner = kc.load(folder)
+    assert torch.equal(runner.generate(ids, 60), kc.generate(per_layer, ids, 60))

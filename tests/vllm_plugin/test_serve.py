@@ -123,3 +123,37 @@ def test_options_after_the_double_dash_belong_to_serve_only(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--", "--dtype", "float32"])
     assert "only serve takes them, not demo" in capsys.readouterr().err
+
+
+PER_LAYER = KVpopConfig(sinks=4, window=(44, 44, 44, 192), topk=(16, 16, 16, 636))
+
+
+def test_a_per_layer_budget_is_served_only_at_one_budget(tmp_path):
+    with pytest.raises(ValueError, match=r"vLLM serves one budget in every layer; this config "
+                                         r"keeps \[64, 64, 64, 832\] slots .*capacity=N, "
+                                         r"window=W"):  # fmt: skip
+        serve_settings(config=PER_LAYER)
+    with pytest.raises(ValueError, match=r"per-layer budget \(\[64, 64, 64, 832\] slots per KV "
+                                         r"head\); give both capacity and window"):  # fmt: skip
+        serve_settings(config=PER_LAYER, capacity=256)
+    with pytest.raises(ValueError, match="give both capacity and window"):
+        serve_settings(config=PER_LAYER, window=96)
+    one = serve_settings(config=PER_LAYER, capacity=256, window=96).config
+    assert (one.sinks, one.window, one.topk, one.per_layer) == (4, 96, 156, None)
+    # The model's hf_overrides entry is checked the same way when vLLM builds the model.
+    entry = type("HFConfig", (), {"kvpop": {"config": PER_LAYER.to_dict(), "scorer_path": None}})
+    with pytest.raises(ValueError, match="vLLM serves one budget in every layer"):
+        ServeSettings.from_hf_config(entry)
+
+
+def test_window_sets_a_trained_scorers_window_and_nothing_else():
+    trained = saved_config(SCORER)
+    args = ("--scorer-path", str(SCORER), "--capacity", "300", "--window", "100")
+    settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), *args))
+    assert (settings.config.window, settings.config.topk) == (100, 300 - trained.sinks - 100)
+    assert settings.config.scorer == trained.scorer and settings.config.lam == trained.lam
+    with pytest.raises(ValueError, match="--window sets a trained scorer's window"):
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--policy", "tova", "--window", "8"))
+    with pytest.raises(ValueError, match="--window must be >= 1, got 0"):
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER),
+                                      "--window", "0"))  # fmt: skip

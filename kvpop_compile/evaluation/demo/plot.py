@@ -62,7 +62,7 @@ def plot_kept_positions(result, path: Path) -> Path:
             ax = axes[c_index * layers + layer, 0]
             positions = state.positions[0]  # (H, C), the one sequence
             seen = int(state.seen[0])
-            share = held_by_kind(positions, seen, config.sinks, config.window)
+            share = held_by_kind(positions, seen, config.sinks, config.layer(layer).window)
             ax.imshow(_strip(share).numpy(), aspect="auto", interpolation="nearest")
             for start, end in example.item.evidence:
                 ax.axvspan(start - 0.5, end - 0.5, color=EVIDENCE_COLOUR, alpha=0.25, lw=0)

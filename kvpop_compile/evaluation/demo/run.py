@@ -29,7 +29,7 @@ from ...embedded.recall import CONTEXT_LENGTHS, TASKS, RecallItem, recall_items
 from ...kv_cache import cache_bytes
 from ...scorer_io import load_scorer, saved_config
 from ...transform import transform
-from ..methods import BUDGETS, scorer_folder
+from ..methods import BUDGETS, WINDOW, scorer_folder
 from ..recall.protocol import RECALL_SEED, answer_exactly, greedy_answers
 
 DEFAULT_CAPACITY = BUDGETS["88%"]
@@ -82,10 +82,7 @@ class DemoResult:
             f"Held-out recall at {context} tokens: {per_task} items per task of code never "
             "trained on, in held-out families (binding and question syntaxes and value "
             f"alphabets no model or scorer was trained on; here {', '.join(families)}). "
-            "Bounded caches keep "
-            f"{bounded.sinks} sinks + {bounded.window} window + {bounded.topk} pool = "
-            f"{bounded.capacity} tokens per layer and KV head ({1 - bounded.capacity / context:.0%}"
-            " compression)."
+            + budget_sentence(self.contenders, context)
             + (
                 f" KVpop spreads each score over the {bounded.priority_span} tokens that leave the "
                 "window after it (priority_span)."
@@ -165,8 +162,12 @@ def prepare(
             "--scorer-path PATH (trained with `kvpop-compile train`)"
         )
     # The heuristic runs as published: no score spread and no recency term, whatever the
-    # scorer was saved with.
+    # scorer was saved with, and one budget in every layer, as in the benchmark: beside a
+    # per-layer budget, the same memory at the benchmark's window.
     baseline = dataclasses.replace(config, scorer=policy, priority_span=0, lam=0.0)
+    if config.per_layer is not None:
+        mean = sum(config.capacities) // config.per_layer
+        baseline = dataclasses.replace(baseline, window=WINDOW, topk=mean - config.sinks - WINDOW)
     if baseline.scorer.learned:
         raise ValueError(
             f"--policy {policy} is learned; the baseline is a heuristic: window, random, knorm, "
@@ -183,6 +184,37 @@ def prepare(
             baseline,
         ),  # fmt: skip
     ]
+
+
+def budget_sentence(contenders: list[Contender], context: int) -> str:
+    """What the bounded caches keep, in one or two sentences: per layer and KV head, and the
+    compression of the ``context``-token prompt over all layers."""
+    configs = [(c.label, c.config) for c in contenders if c.config is not None]
+
+    def kept(config: KVpopConfig) -> str:
+        if config.per_layer is None:
+            return (f"{config.sinks} sinks + {config.window} window + {config.topk} pool = "
+                    f"{config.capacity} tokens per layer and KV head")  # fmt: skip
+        per_layer = ", ".join(f"{c}" for c in config.capacities)
+        windows = ", ".join(f"{w}" for w in config.window)
+        return (f"a per-layer budget of {per_layer} tokens per KV head in layers 0 to "
+                f"{config.per_layer - 1} ({config.sinks} sinks, windows {windows}, the rest "
+                "pool)")  # fmt: skip
+
+    def compression(config: KVpopConfig) -> float:
+        return 1 - sum(config.capacities) / (len(config.capacities) * context)
+
+    budgets = {(config.sinks, config.window, config.topk) for _, config in configs}
+    if len(budgets) == 1:
+        config = configs[0][1]
+        return f"Bounded caches keep {kept(config)} ({compression(config):.0%} compression)."
+    if len({round(compression(config), 6) for _, config in configs}) == 1:
+        per = "; ".join(f"{label}: {kept(config)}" for label, config in configs)
+        return (f"Bounded caches hold the same memory ({compression(configs[0][1]):.0%} "
+                f"compression): {per}.")  # fmt: skip
+    per = "; ".join(f"{label}: {kept(config)} ({compression(config):.0%} compression)"
+                    for label, config in configs)  # fmt: skip
+    return f"Bounded caches keep {per}."
 
 
 def _held_out_items(per_task: int, context: int) -> list[RecallItem]:

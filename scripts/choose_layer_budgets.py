@@ -1,0 +1,170 @@
+"""Choose a saved scorer's per-layer budget: how its memory is shared between the layers.
+
+    python scripts/choose_layer_budgets.py kvpop_compile/embedded/scorers/memory-256 \\
+        --layer 3 --others 64 128 192 --windows 96 192
+
+One capacity in every layer gives each layer the same share of the cache, but layers differ in
+what they need from far back: in the embedded model, layer 3 holds both the recent tokens that
+ordinary text needs and the old lines a question asks about (docs/experiments.md, streaming
+heads), while the other layers change either measure little. A per-layer budget
+(``KVpopConfig`` with a window and a pool per layer) keeps the same total memory and gives
+``--layer`` what the others give up. This measures, with the scorer's tensors unchanged, at its
+saved ``lam``:
+
+* the saved configuration;
+* for each capacity ``c`` of ``--others`` and each window ``w`` of ``--windows``: every layer but
+  ``--layer`` keeps ``c`` slots, of which ``--other-pool`` are pool and the rest sinks and
+  window; ``--layer`` keeps the rest of the total (the saved capacity times the layers), with a
+  window of ``w`` and the rest pool.
+
+on the two validation measures of ``choose_recency.py`` (text beside the ``window`` policy at the
+saved capacity in every layer, the benchmark's baseline, all targets and long-range ones; the
+mean probability of the exact answer on validation recall items), and keeps one by its rule,
+fixed before any measure: of the candidates whose text accuracy is at least ``window``'s on both,
+the one with the highest recall measure (the saved one stays unless another beats it by more
+than ``choose_priority_span.TIE``); where none reaches ``window``, the closest. ``FOLDER`` is
+rewritten in one swap with the kept budget (tensors unchanged) and a ``layer_budget_selection``
+record in ``training.json`` of every measure; an earlier one moves under ``replaces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from choose_priority_span import rewrite  # noqa: E402
+from choose_recency import data_record, kept_setting, text_accuracy, validation_data  # noqa: E402
+from choose_streaming_heads import window_policy  # noqa: E402
+from train_embedded_scorers import (  # noqa: E402
+    SELECT_BATCH,
+    SELECT_MEASURES,
+    TRAINING_RECORD,
+    with_tensors,
+)
+
+import kvpop_compile as kc  # noqa: E402
+from kvpop_compile.embedded import load_embedded_model  # noqa: E402
+from kvpop_compile.scorer_io import saved_config, saved_shape  # noqa: E402
+
+RECORD = "layer_budget_selection"
+Budget = tuple[tuple[int, ...], tuple[int, ...]]  # (windows, topks), one entry per layer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="a saved scorer folder (scorer.json and tensors)")
+    p.add_argument("--layer", type=int, required=True, help="the layer given the others' slots")
+    p.add_argument("--others", nargs="+", type=int, required=True,
+                   help="capacities of every other layer to measure")  # fmt: skip
+    p.add_argument("--windows", nargs="+", type=int, required=True,
+                   help="windows of --layer to measure")  # fmt: skip
+    p.add_argument("--other-pool", type=int, default=16, help="pool slots of every other layer")
+    p.add_argument("--sequences", type=int, default=24, help="validation text windows")
+    p.add_argument("--items", type=int, default=16, help="recall items per family group and task")
+    p.add_argument("--seed", type=int, default=99, help="seed of the recall items")
+    p.add_argument("--model", type=Path, help="model folder (default: the embedded model)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    return p.parse_args(argv)
+
+
+def candidates(saved: kc.KVpopConfig, layers: int, args) -> list[Budget]:
+    """The per-layer budgets of the module docstring, in the order of ``--others`` then
+    ``--windows``; ``SystemExit`` naming a value that leaves a layer no window or pool slot."""
+    if saved.per_layer is not None:
+        raise SystemExit(
+            f"{args.folder} already keeps a per-layer budget {list(saved.capacities)}: choose "
+            "from the scorer of one budget"
+        )
+    if not 0 <= args.layer < layers:
+        raise SystemExit(f"--layer must be from 0 to {layers - 1}, got {args.layer}")
+    if args.other_pool < 1:
+        raise SystemExit(f"--other-pool must be 1 or more, got {args.other_pool}")
+    for name, value in (("--sequences", args.sequences), ("--items", args.items),
+                        ("--threads", args.threads)):  # fmt: skip
+        if value < 1:
+            raise SystemExit(f"{name} must be 1 or more, got {value}")
+    total = saved.capacity * layers
+    budgets = []
+    for other in args.others:
+        if other < saved.sinks + args.other_pool + 1:
+            raise SystemExit(f"--others {other} leaves no window: each other layer keeps "
+                             f"{saved.sinks} sinks and {args.other_pool} pool slots")  # fmt: skip
+        wide = total - other * (layers - 1)
+        for window in args.windows:
+            if not 1 <= window <= wide - saved.sinks - 1:
+                raise SystemExit(f"--windows {window} must be from 1 to {wide - saved.sinks - 1}"
+                                 f" (layer {args.layer} keeps {wide} slots beside --others "
+                                 f"{other})")  # fmt: skip
+            windows = [other - saved.sinks - args.other_pool] * layers
+            topks = [args.other_pool] * layers
+            windows[args.layer], topks[args.layer] = window, wide - saved.sinks - window
+            budgets.append((tuple(windows), tuple(topks)))
+    if len(set(budgets)) != len(budgets):
+        raise SystemExit("--others and --windows list a budget twice")
+    return budgets
+
+
+def main(argv=None) -> None:
+    """Measure, choose and rewrite the folder (module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    saved = saved_config(args.folder)
+    layers = saved_shape(args.folder)["num_layers"]
+    budgets = candidates(saved, layers, args)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    sequences, ids, long_range, groups = validation_data(args.sequences, args.items, args.seed)
+    baseline = kc.transform(load_embedded_model(path=args.model), window_policy(saved))
+    window_text = text_accuracy(baseline, ids, long_range)
+    print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
+    per_item = SELECT_MEASURES["probability"]
+    saved_key = ((saved.window,) * layers, (saved.topk,) * layers)
+    measured = {}
+    for windows, topks in [saved_key, *budgets]:
+        config = dataclasses.replace(saved, window=windows, topk=topks)
+        model = with_tensors(kc.transform(load_embedded_model(path=args.model), config),
+                             args.folder)  # fmt: skip
+        text = text_accuracy(model, ids, long_range)
+        values = [v for items in groups for v in per_item(model, items, "prefill",
+                                                          batch=SELECT_BATCH)]  # fmt: skip
+        measured[windows, topks] = {
+            "recall": sum(values) / len(values), "text": text,
+            "text_margin": {k: text[k] - window_text[k] for k in text},
+        }  # fmt: skip
+        print(f"{args.folder}: capacities {list(config.capacities)}, windows {list(windows)}: "
+              f"{measured[windows, topks]}", flush=True)  # fmt: skip
+    kept = kept_setting(measured, saved_key)
+    training_file = args.folder / TRAINING_RECORD
+    record = json.loads(training_file.read_text()) if training_file.is_file() else {}
+    earlier = record.pop(RECORD, None)
+    record[RECORD] = {
+        "command": " ".join(["python scripts/choose_layer_budgets.py", *argv]),
+        "capacity": saved.capacity, "lam": saved.lam,
+        **data_record(sequences, window_text, groups, args.items, args.seed),
+        "python": platform.python_version(),
+        "measured": [{"window": list(w), "topk": list(k),
+                      "capacities": [saved.sinks + a + b for a, b in zip(w, k, strict=True)],
+                      **m} for (w, k), m in measured.items()],
+        "kept": {"window": list(kept[0]), "topk": list(kept[1])},
+        "minutes": round((time.perf_counter() - start) / 60, 2),
+        **({"replaces": earlier} if earlier else {}),
+    }  # fmt: skip
+    config = saved if kept == saved_key else dataclasses.replace(saved, window=kept[0],
+                                                                 topk=kept[1])  # fmt: skip
+    rewrite(args.folder, config, record, args.model)
+    print(f"{args.folder}: kept {list(config.capacities)} slots per layer, windows "
+          f"{list(kept[0])}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

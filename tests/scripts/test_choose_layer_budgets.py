@@ -1,0 +1,110 @@
+"""``scripts/choose_layer_budgets.py``: a saved scorer's per-layer budget chosen on validation
+text and recall."""
+
+import argparse
+import json
+
+import pytest
+from script_support import copy_of_shipped_scorer, load_script
+
+from kvpop_compile.scorer_io import read_tensors, saved_config
+
+
+def _script():
+    return load_script("scripts/choose_layer_budgets.py")
+
+
+def _args(folder, **fields) -> argparse.Namespace:
+    settings = {"folder": folder, "layer": 3, "others": [64, 128], "windows": [96, 192],
+                "other_pool": 16, "sequences": 1, "items": 1, "threads": 1, **fields}  # fmt: skip
+    return argparse.Namespace(**settings)
+
+
+def test_the_candidates_share_the_saved_total_between_the_layers(tmp_path):
+    folder = copy_of_shipped_scorer(tmp_path)
+    saved = saved_config(folder)  # capacity 256, 4 sinks
+    budgets = _script().candidates(saved, 4, _args(folder, layer=2, other_pool=10))
+    assert budgets == [
+        ((50, 50, 96, 50), (10, 10, 832 - 4 - 96, 10)),
+        ((50, 50, 192, 50), (10, 10, 832 - 4 - 192, 10)),
+        ((114, 114, 96, 114), (10, 10, 640 - 4 - 96, 10)),
+        ((114, 114, 192, 114), (10, 10, 640 - 4 - 192, 10)),
+    ]
+    for windows, topks in budgets:
+        assert sum(4 + w + k for w, k in zip(windows, topks, strict=True)) == 4 * 256
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"layer": 4}, "--layer must be from 0 to 3, got 4"),
+        ({"others": [20]}, "--others 20 leaves no window: each other layer keeps 4 sinks and 16"),
+        ({"windows": [0]}, r"--windows 0 must be from 1 to 827 \(layer 3 keeps 832 slots"),
+        ({"windows": [636]}, r"--windows 636 must be from 1 to 635 \(layer 3 keeps 640 slots"),
+        ({"other_pool": 0}, "--other-pool must be 1 or more, got 0"),
+        ({"items": 0}, "--items must be 1 or more, got 0"),
+        ({"windows": [96, 96]}, "--others and --windows list a budget twice"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(tmp_path, fields, message):
+    folder = copy_of_shipped_scorer(tmp_path)
+    with pytest.raises(SystemExit, match=message):
+        _script().candidates(saved_config(folder), 4, _args(folder, **fields))
+
+
+def _capacities(model) -> tuple[int, ...]:
+    return tuple(layer.self_attn.kvpop_config.capacity for layer in model.model.layers)
+
+
+def _recall(model, items, protocol, batch):
+    """A recall measure that grows with layer 3's capacity and, a little, with its window."""
+    config = model.model.layers[3].self_attn.kvpop_config
+    return [config.capacity / 1000 + config.window / 1e6] * len(items)
+
+
+def _text(model, ids, long_range) -> dict:
+    """A text measure by which window's text is kept where every layer keeps 128 slots or
+    more (the window policy keeps 256 in each)."""
+    keeps = min(_capacities(model)) >= 128
+    return {"all": 0.5, "long_range": 0.5} if keeps else {"all": 0.5, "long_range": 0.4}
+
+
+def test_every_budget_is_measured_and_the_folder_keeps_the_rules_choice(tmp_path, monkeypatch):
+    script = _script()
+    folder = copy_of_shipped_scorer(tmp_path)
+    saved, before = saved_config(folder), read_tensors(folder)
+    monkeypatch.setattr(script, "text_accuracy", _text)
+    monkeypatch.setitem(script.SELECT_MEASURES, "probability", _recall)
+    script.main([str(folder), "--layer", "3", "--others", "64", "128", "192", "--windows", "96",
+                 "192", "--sequences", "1", "--items", "1"])  # fmt: skip
+    record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+    measured = {tuple(m["capacities"]): m for m in record["measured"][1:] if m["window"][3] == 192}
+    assert sorted(measured) == [(64, 64, 64, 832), (128, 128, 128, 640), (192, 192, 192, 448)]
+    assert len(record["measured"]) == 1 + 3 * 2
+    # Each budget was measured at its own capacities (the fake measures read them).
+    for capacities, m in measured.items():
+        assert m["recall"] == pytest.approx(capacities[3] / 1000 + 192 / 1e6)
+    assert record["measured"][0]["capacities"] == [256] * 4  # the saved budget first
+    # 64 slots lose window's text; of the rest, 640 slots in layer 3 recall the most, and of its
+    # two windows the wider.
+    assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444]}
+    chosen = saved_config(folder)
+    assert chosen.capacities == (128, 128, 128, 640)
+    assert (chosen.lam, chosen.priority_span) == (saved.lam, saved.priority_span)
+    after = read_tensors(folder)
+    assert all(after[name].equal(tensor) for name, tensor in before.items())
+    with pytest.raises(SystemExit, match=r"already keeps a per-layer budget \[128, 128, 128, 640"):
+        script.main([str(folder), "--layer", "3", "--others", "64", "--windows", "96"])
+
+
+def test_the_saved_budget_stays_where_no_other_keeps_windows_text(tmp_path, monkeypatch):
+    script = _script()
+    folder = copy_of_shipped_scorer(tmp_path)
+    saved = saved_config(folder)
+    monkeypatch.setattr(script, "text_accuracy", _text)
+    monkeypatch.setitem(script.SELECT_MEASURES, "probability", _recall)
+    script.main([str(folder), "--layer", "3", "--others", "64", "--windows", "96",
+                 "--sequences", "1", "--items", "1"])  # fmt: skip
+    assert saved_config(folder) == saved
+    record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+    assert record["kept"] == {"window": [saved.window] * 4, "topk": [saved.topk] * 4}
