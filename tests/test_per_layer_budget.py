@@ -170,3 +170,10 @@ def test_a_saved_scorer_keeps_its_per_layer_budget(tmp_path):
 def test_scorers_train_at_one_budget():
     with pytest.raises(ValueError, match="scorers train at one budget"):
         TrainSettings(seq_len=64).check_for(_config(), 1)
+
+
+def test_the_compiled_decode_step_generates_the_eager_tokens():
+    model = _randomise(kc.transform(tiny_qwen3(), _config()), seed=6)
+    ids = prompt(seed=4, batch=1, length=20)
+    step = kc.compile(model)
+    assert torch.equal(kc.generate(model, ids, 16, step=step), kc.generate(model, ids, 16))
