@@ -108,6 +108,20 @@ def kept_span(measured: dict[int, float], saved: int) -> int:
     return saved if measured[best] - measured[saved] <= TIE else best
 
 
+def one_budget(folder: Path, script: str) -> kc.KVpopConfig:
+    """The config ``folder``'s scorer was saved with; ``SystemExit`` naming ``script`` when it
+    keeps a per-layer budget: these choices are made on a scorer of one budget, before
+    ``choose_layer_budgets.py`` shares its memory between the layers."""
+    saved = saved_config(folder)
+    if saved.per_layer is not None:
+        raise SystemExit(
+            f"{folder} keeps a per-layer budget {list(saved.capacities)}: {script} measures a "
+            "scorer of one budget (its one budget is the first entry measured in training.json's "
+            "layer_budget_selection)"
+        )
+    return saved
+
+
 def rewrite(folder: Path, config: kc.KVpopConfig, record: dict, model_path) -> None:
     """Replace ``folder`` by the same tensors saved for ``config`` and ``record`` as its
     training record, in one swap (a reader sees the old folder or the new, never half)."""
@@ -130,7 +144,7 @@ def rewrite(folder: Path, config: kc.KVpopConfig, record: dict, model_path) -> N
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    saved = saved_config(args.folder)
+    saved = one_budget(args.folder, "choose_priority_span.py")
     spans = check_spans(args.spans, saved.priority_span)
     for name, value in (("--items", args.items), ("--threads", args.threads)):
         if value < 1:

@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from choose_priority_span import TIE, check_listed, rewrite  # noqa: E402
+from choose_priority_span import TIE, check_listed, one_budget, rewrite  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
     TRAINING_RECORD,
     recall_selection,
@@ -61,7 +61,6 @@ from kvpop_compile.evaluation.methods import WINDOW, budget_config  # noqa: E402
 from kvpop_compile.evaluation.protocols import teacher_forced  # noqa: E402
 from kvpop_compile.evaluation.quality.long_range import long_range_targets  # noqa: E402
 from kvpop_compile.fingerprints import items_sha256  # noqa: E402
-from kvpop_compile.scorer_io import saved_config  # noqa: E402
 from kvpop_compile.training.selection import SELECTION_FAMILIES  # noqa: E402
 
 BATCH = 8  # sequences per forward
@@ -155,7 +154,7 @@ def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    saved = saved_config(args.folder)
+    saved = one_budget(args.folder, "choose_recency.py")
     windows = check_windows(args.windows or [saved.window], saved)
     lams = check_lams(args.lams or [saved.lam], saved.lam)
     for name, value in (("--sequences", args.sequences), ("--items", args.items),

@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from choose_priority_span import rewrite  # noqa: E402
+from choose_priority_span import one_budget, rewrite  # noqa: E402
 from choose_recency import data_record, split_config, text_accuracy, validation_data  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
     SELECT_BATCH,
@@ -59,7 +59,7 @@ from train_embedded_scorers import (  # noqa: E402
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402
-from kvpop_compile.scorer_io import saved_config, saved_shape  # noqa: E402
+from kvpop_compile.scorer_io import saved_shape  # noqa: E402
 from kvpop_compile.streaming_heads import (  # noqa: E402
     make_streaming_heads,
     require_recency,
@@ -151,7 +151,7 @@ def main(argv=None) -> None:
     """Measure, choose and rewrite the folder (module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    saved = saved_config(args.folder)
+    saved = one_budget(args.folder, "choose_streaming_heads.py")
     check_args(args, saved)
     shape = saved_shape(args.folder)
     torch.set_num_threads(args.threads)

@@ -2,6 +2,7 @@
 the shipped scorer folders the scripts rewrite, copied."""
 
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -21,11 +22,22 @@ def load_script(relative: str):
     return module
 
 
-def copy_of_shipped_scorer(tmp_path: Path, policy: str = "memory", capacity: int = 256) -> Path:
+def copy_of_shipped_scorer(
+    tmp_path: Path, policy: str = "memory", capacity: int = 256, *, one_budget: bool = True
+) -> Path:
     """A copy of the shipped ``<policy>-<capacity>`` scorer folder in ``tmp_path``, for a script
-    that rewrites the folder it is given."""
+    that rewrites the folder it is given. ``one_budget``: saved at the one budget it had before
+    its memory was shared between the layers (the first budget ``choose_layer_budgets.py``
+    measured), as the scripts that choose a window, recency term, span or streaming heads
+    take it; tensors unchanged."""
     from kvpop_compile.evaluation.methods import scorer_folder
 
     folder = tmp_path / f"{policy}-{capacity}"
     shutil.copytree(scorer_folder(policy, capacity), folder)
+    if one_budget:
+        record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+        first = record["measured"][0]
+        description = json.loads((folder / "scorer.json").read_text())
+        description["kvpop_config"].update(window=first["window"][0], topk=first["topk"][0])
+        (folder / "scorer.json").write_text(json.dumps(description, indent=2) + "\n")
     return folder

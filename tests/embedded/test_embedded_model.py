@@ -120,13 +120,23 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     # the README documents the shipped scorers as trained with priority_span 10, a readout 256
     # wide, and windows of 64 (mlp) and, for memory, saved for 256 of its 512 slots at 75% and
     # 96 of 256 at 88%, on the families model's training recall items; then each folder's
-    # window and recency term chosen on validation text and recall (choose_recency.py)
+    # window and recency term chosen on validation text and recall (choose_recency.py), then
+    # how the four layers share that memory (choose_layer_budgets.py): three keep little and
+    # layer 3 the rest
     trained_window = {"mlp": 64, "memory": 256 if budget == "75%" else 96}[policy]
     chosen = {("memory", "75%"): (384, 0.0005), ("memory", "88%"): (192, 0.0005),
               ("mlp", "75%"): (384, 0.0005), ("mlp", "88%"): (192, 0.001)}  # fmt: skip
+    layers = {("memory", "75%"): ((364, 364, 364, 256), (16, 16, 16, 636)),
+              ("memory", "88%"): ((172, 172, 172, 96), (16, 16, 16, 348)),
+              ("mlp", "75%"): ((364, 364, 364, 384), (16, 16, 16, 508)),
+              ("mlp", "88%"): ((44, 44, 44, 192), (16, 16, 16, 636))}  # fmt: skip
     window, lam = chosen[policy, budget]
     config = budget_config(policy, BUDGETS[budget], priority_span=10, window=window)
-    assert saved_config(folder) == dataclasses.replace(config, scorer_hidden=256, lam=lam)
+    one_budget = dataclasses.replace(config, scorer_hidden=256, lam=lam)
+    windows, topks = layers[policy, budget]
+    shipped = saved_config(folder)
+    assert shipped == dataclasses.replace(one_budget, window=windows, topk=topks)
+    assert sum(shipped.capacities) == 4 * BUDGETS[budget]  # the budget's memory, shared
     record = json.loads((folder / "training.json").read_text())
     assert record["policy"] == policy and record["held_out_ranking"]
     assert record["priority_span"] == 10 and record["capacity"] == BUDGETS[budget]
@@ -139,6 +149,11 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     assert recency["saved_before"] == {"window": trained_window, "lam": 0.0}
     assert recency["recall"]["split"] == "validation"
     assert all(source.startswith("test/") for source in recency["text"]["sequences"])
+    shared = record["layer_budget_selection"]
+    assert shared["kept"] == {"window": list(windows), "topk": list(topks)}
+    assert shared["measured"][0]["window"] == [window] * 4  # the one budget, measured first
+    assert shared["recall"]["split"] == "validation"
+    assert all(source.startswith("test/") for source in shared["text"]["sequences"])
     tensors = load_file(folder / "scorer.safetensors")
     assert {name.split(".")[1] for name in tensors} == {"0", "1", "2", "3"}  # one per layer
     assert all(torch.isfinite(t).all() for t in tensors.values())

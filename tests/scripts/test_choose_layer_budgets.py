@@ -95,6 +95,13 @@ def test_every_budget_is_measured_and_the_folder_keeps_the_rules_choice(tmp_path
     assert all(after[name].equal(tensor) for name, tensor in before.items())
     with pytest.raises(SystemExit, match=r"already keeps a per-layer budget \[128, 128, 128, 640"):
         script.main([str(folder), "--layer", "3", "--others", "64", "--windows", "96"])
+    # The scripts that choose a scorer's one budget refuse it by name.
+    others = {"choose_recency.py": [], "choose_priority_span.py": ["--spans", "10"],
+              "choose_streaming_heads.py": ["--window", "96"]}  # fmt: skip
+    for other, arguments in others.items():
+        with pytest.raises(SystemExit, match=f"keeps a per-layer budget .*: {other} measures a "
+                                             "scorer of one budget"):  # fmt: skip
+            load_script(f"scripts/{other}").main([str(folder), *arguments])
 
 
 def test_the_saved_budget_stays_where_no_other_keeps_windows_text(tmp_path, monkeypatch):

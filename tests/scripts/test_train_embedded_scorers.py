@@ -6,7 +6,7 @@ import platform
 
 import pytest
 import torch
-from script_support import load_script
+from script_support import copy_of_shipped_scorer, load_script
 
 import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
@@ -213,12 +213,12 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
         assert all(torch.equal(saved[k], candidate[k]) for k in saved)
 
 
-def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_with():
-    """--select-at saved runs a candidate saved at one window (the shipped memory-256's own) at
-    a saved budget's (256 or 96 of 512): by tensors, as the install does, and the measure is
-    the one of that budget, not of the window saved."""
+def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_with(tmp_path):
+    """--select-at saved runs a candidate saved at one window (the shipped memory-256's own, at
+    its one budget) at a saved budget's (256 or 96 of 512): by tensors, as the install does, and
+    the measure is the one of that budget, not of the window saved."""
     module = _script()
-    folder = scorer_folder("memory", 256)
+    folder = copy_of_shipped_scorer(tmp_path)
     shipped = saved_config(folder)
     assert shipped.window not in (96, 256)
     span = str(shipped.priority_span)  # the span it runs with, as saved

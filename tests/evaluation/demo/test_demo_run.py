@@ -5,9 +5,10 @@ import dataclasses
 import pytest
 
 from kvpop_compile.cli import main
+from kvpop_compile.config import KVpopConfig
 from kvpop_compile.embedded.recall import TASKS, recall_items
-from kvpop_compile.evaluation.demo.run import run_demo
-from kvpop_compile.evaluation.methods import scorer_folder
+from kvpop_compile.evaluation.demo.run import Contender, budget_sentence, run_demo
+from kvpop_compile.evaluation.methods import WINDOW, scorer_folder
 from kvpop_compile.evaluation.recall.protocol import RECALL_SEED
 from kvpop_compile.runtime.cache import BoundedCacheState
 from kvpop_compile.scorer_io import saved_config
@@ -43,9 +44,9 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     for contender in result.contenders[1:]:
         layers = contender.model.model.layers
         empty = [
-            BoundedCacheState.empty(contender.config, layer.self_attn.scorer, batch=1,
+            BoundedCacheState.empty(contender.config.layer(i), layer.self_attn.scorer, batch=1,
                                     head_dim=contender.model.config.head_dim).nbytes
-            for layer in layers
+            for i, layer in enumerate(layers)
         ]  # fmt: skip
         assert sizes[contender.label] == sum(empty)
     assert sizes["full attention"] > sizes[labels[1]] > sizes[labels[2]]
@@ -60,15 +61,22 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
     )
     assert f"  ...{example.item.question[1:].decode()!r} -> expected" in report
     assert "in held-out families" in report
-    # The shipped scorer's own split of the budget, span and recency term; the heuristic runs
-    # at the same split as published (no spread, no recency term).
+    # The shipped scorer's own per-layer budget, span and recency term; the heuristic runs as
+    # published (no spread, no recency term), with the same memory in every layer.
     shipped = saved_config(scorer_folder("memory", 256))
-    assert (shipped.lam, shipped.priority_span) != (0.0, 0)
+    assert (shipped.lam, shipped.priority_span) != (0.0, 0) and shipped.per_layer == 4
     kvpop, heuristic = (c.config for c in result.contenders[1:])
     assert kvpop == shipped
-    assert heuristic == dataclasses.replace(shipped, scorer="window", priority_span=0, lam=0.0)
-    split = f"4 sinks + {shipped.window} window + {shipped.topk} pool = 256 tokens"
-    assert split in report and "(75% compression)" in report
+    assert heuristic == dataclasses.replace(shipped, scorer="window", priority_span=0, lam=0.0,
+                                            window=WINDOW, topk=256 - 4 - WINDOW)  # fmt: skip
+    capacities = ", ".join(map(str, shipped.capacities))
+    windows = ", ".join(map(str, shipped.window))
+    assert (
+        "Bounded caches hold the same memory (75% compression): KVpop, trained memory scorer: a "
+        f"per-layer budget of {capacities} tokens per KV head in layers 0 to 3 (4 sinks, windows "
+        f"{windows}, the rest pool); window (heuristic): 4 sinks + {WINDOW} window + "
+        f"{256 - 4 - WINDOW} pool = 256 tokens per layer and KV head." in report
+    )
     assert (
         f"KVpop spreads each score over the {shipped.priority_span} tokens that leave the window"
         in report
@@ -80,6 +88,21 @@ def test_demo_measures_three_caches_and_shows_one_item_consistently(result):
         (row,) = [line for line in report.splitlines() if line.startswith(label)]
         assert row.split()[-2:] == [f"{right}/{total}", f"{right / total:.0%}"]
     assert result.image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_budget_sentence_names_one_budget_once_and_different_memory_apart():
+    one = KVpopConfig(sinks=4, window=16, topk=44)
+    same = [Contender("a", None, one), Contender("b", None, dataclasses.replace(one, scorer="h2o"))]
+    assert budget_sentence([Contender("full", None, None), *same], 240) == (
+        "Bounded caches keep 4 sinks + 16 window + 44 pool = 64 tokens per layer and KV head "
+        "(73% compression)."
+    )
+    wider = Contender("c", None, dataclasses.replace(one, topk=(44, 108)))
+    assert budget_sentence([same[0], wider], 256) == (
+        "Bounded caches keep a: 4 sinks + 16 window + 44 pool = 64 tokens per layer and KV head "
+        "(75% compression); c: a per-layer budget of 64, 128 tokens per KV head in layers 0 to 1 "
+        "(4 sinks, windows 16, 16, the rest pool) (62% compression)."
+    )
 
 
 def test_cli_rejects_bad_arguments(capsys):

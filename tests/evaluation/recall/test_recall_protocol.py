@@ -3,6 +3,7 @@ shapes, family groups, and a run's results and settings record."""
 
 import copy
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -278,8 +279,8 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
     shipped = saved_config(scorer_folder("memory", 256))
     assert (shipped.window, shipped.lam) != (WINDOW, 0.0)
     assert spread[1].record() == {
-        "policy": "memory", "budget": "88%", "priority_span": 3, "window": shipped.window,
-        "lam": shipped.lam,
+        "policy": "memory", "budget": "88%", "priority_span": 3, "window": list(shipped.window),
+        "lam": shipped.lam, "topk": list(shipped.topk),
     }  # fmt: skip
     assert spread[2].record() == {"policy": "h2o", "budget": "88%"}  # as files without spans
     assert method_notes({m.name: m.record() for m in spread})[0] == (
@@ -299,13 +300,13 @@ def test_a_priority_span_is_recorded_and_never_mixed_into_a_resumed_run(model):
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
     # Nor one run at another window (a scorer saved with a wider one).
     saved["memory @ 88%"] = {"policy": "memory", "budget": "88%", "window": 128}
-    with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
-                       f"window 128, this run asks {shipped.window}"):  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("cannot resume memory @ 88%: it was run "
+                       f"with window 128, this run asks {list(shipped.window)}")):  # fmt: skip
         run_recall(model, methods(["memory"], ["88%"]), settings=settings, done=saved)
     # A row measured with another trained scorer is not this run's either.
     saved["memory @ 88%"] = {
-        "policy": "memory", "budget": "88%", "window": shipped.window, "lam": shipped.lam,
-        "scorer_sha256": "0" * 64,
+        "policy": "memory", "budget": "88%", "window": list(shipped.window),
+        "lam": shipped.lam, "topk": list(shipped.topk), "scorer_sha256": "0" * 64,
     }  # fmt: skip
     with pytest.raises(ValueError, match="cannot resume memory @ 88%: it was run with "
                        f"scorer_sha256 {'0' * 64}"):  # fmt: skip
