@@ -5,11 +5,13 @@ byte model without tokenizer files, and clear errors for what cannot be served."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from script_support import copy_of_shipped_scorer
 
 from kvpop_compile.config import KVpopConfig
 from kvpop_compile.embedded import EMBEDDED_MODEL
@@ -17,7 +19,13 @@ from kvpop_compile.scorer_io import saved_config
 from kvpop_compile.vllm import ServeSettings, engine_kwargs, serve_settings
 from kvpop_compile.vllm.serve import add_arguments, server_command, settings_from_arguments
 
-SCORER = EMBEDDED_MODEL.parent / "scorers" / "mlp-512"
+SHIPPED = EMBEDDED_MODEL.parent / "scorers" / "mlp-512"  # saved with a per-layer budget
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory):
+    """The shipped mlp-512 scorer at its one budget (vLLM serves one budget in every layer)."""
+    return copy_of_shipped_scorer(tmp_path_factory.mktemp("scorer"), "mlp", 512)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -30,8 +38,8 @@ def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def test_the_command_starts_vllms_server_with_the_kvpop_architecture_and_budget():
-    settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER)))
+def test_the_command_starts_vllms_server_with_the_kvpop_architecture_and_budget(scorer):
+    settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(scorer)))
     argv = server_command(EMBEDDED_MODEL, settings, extra=["--dtype", "float32"])
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert _option(argv, "--host") == "127.0.0.1" and _option(argv, "--port") == "8000"
@@ -41,25 +49,25 @@ def test_the_command_starts_vllms_server_with_the_kvpop_architecture_and_budget(
     served = ServeSettings(KVpopConfig(**overrides["kvpop"]["config"]),
                            overrides["kvpop"]["scorer_path"])  # fmt: skip
     assert served == settings
-    assert served.config == saved_config(SCORER) and served.scorer_path == str(SCORER.resolve())
+    assert served.config == saved_config(scorer) and served.scorer_path == str(scorer.resolve())
     # The embedded model has no tokenizer files: it is served with the byte tokenizer.
     tokenizer = _option(argv, "--tokenizer")
     vocab = json.loads((Path(tokenizer) / "tokenizer.json").read_text())
     assert sorted(vocab["model"]["vocab"].values()) == list(range(256))
 
 
-def test_capacity_resizes_the_pool_and_keeps_the_trained_window():
-    trained = saved_config(SCORER)
+def test_capacity_resizes_the_pool_and_keeps_the_trained_window(scorer):
+    trained = saved_config(scorer)
     floor = trained.sinks + trained.window  # the least capacity that keeps the window
     for capacity in (floor + 1, floor + 50, trained.capacity + 100):
         settings = settings_from_arguments(
-            _args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER), "--capacity", str(capacity))
+            _args(str(EMBEDDED_MODEL), "--scorer-path", str(scorer), "--capacity", str(capacity))
         )
         assert settings.config.capacity == capacity and settings.config.window == trained.window
         assert settings.config.topk == capacity - floor
     with pytest.raises(ValueError, match=f"capacity {floor - 1} is below sinks \\+ window = "
                                          f"{floor}"):  # fmt: skip
-        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER),
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(scorer),
                                       "--capacity", str(floor - 1)))  # fmt: skip
 
 
@@ -73,9 +81,9 @@ def test_heuristic_policies_need_no_scorer(argv, scorer, capacity):
     assert settings.scorer_path is None
 
 
-def test_a_scorer_and_a_policy_together_are_refused(capsys):
+def test_a_scorer_and_a_policy_together_are_refused(capsys, scorer):
     with pytest.raises(SystemExit):
-        _args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER), "--policy", "window")
+        _args(str(EMBEDDED_MODEL), "--scorer-path", str(scorer), "--policy", "window")
     assert "not allowed with argument" in capsys.readouterr().err
 
 
@@ -146,14 +154,25 @@ def test_a_per_layer_budget_is_served_only_at_one_budget(tmp_path):
         ServeSettings.from_hf_config(entry)
 
 
-def test_window_sets_a_trained_scorers_window_and_nothing_else():
-    trained = saved_config(SCORER)
-    args = ("--scorer-path", str(SCORER), "--capacity", "300", "--window", "100")
+def test_window_sets_a_trained_scorers_window_and_nothing_else(scorer):
+    trained = saved_config(scorer)
+    args = ("--scorer-path", str(scorer), "--capacity", "300", "--window", "100")
     settings = settings_from_arguments(_args(str(EMBEDDED_MODEL), *args))
     assert (settings.config.window, settings.config.topk) == (100, 300 - trained.sinks - 100)
     assert settings.config.scorer == trained.scorer and settings.config.lam == trained.lam
     with pytest.raises(ValueError, match="--window sets a trained scorer's window"):
         settings_from_arguments(_args(str(EMBEDDED_MODEL), "--policy", "tova", "--window", "8"))
     with pytest.raises(ValueError, match="--window must be >= 1, got 0"):
-        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SCORER),
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(scorer),
                                       "--window", "0"))  # fmt: skip
+
+
+def test_the_shipped_per_layer_scorer_is_served_at_the_budget_given():
+    with pytest.raises(ValueError, match="vLLM serves one budget in every layer"):
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SHIPPED)))
+    with pytest.raises(ValueError, match="give both capacity and window"):
+        settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SHIPPED),
+                                      "--capacity", "512"))  # fmt: skip
+    args = ("--scorer-path", str(SHIPPED), "--capacity", "512", "--window", "384")
+    config = settings_from_arguments(_args(str(EMBEDDED_MODEL), *args)).config
+    assert config == dataclasses.replace(saved_config(SHIPPED), window=384, topk=512 - 4 - 384)
