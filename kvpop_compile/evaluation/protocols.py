@@ -166,10 +166,34 @@ def compressed_prompt(
     )
     cache = model_cache(model)
     model(input_ids=prompt, **cache_kwargs(cache), use_cache=True)
+    masks = None
     if _is_transformed(model):
         cache = bounded_cache_as_dynamic(cache, model.kvpop_config)
+        if model.kvpop_config.per_layer is not None:
+            masks = layer_masks(cache, inputs.shape[1], original.dtype)
     positions = torch.arange(prompt_length, total - 1).expand(batch, -1)
-    logits = original(
-        input_ids=inputs, position_ids=positions, **cache_kwargs(cache), use_cache=True
-    ).logits
+    kwargs = dict(input_ids=inputs, position_ids=positions, **cache_kwargs(cache), use_cache=True)
+    if masks is None:
+        return _score(original(**kwargs).logits, targets)
+    # transformers builds one mask for every layer of a type, from the first layer's cache; the
+    # layers of a per-layer budget hold different numbers of tokens, so each gets a type of its
+    # own for this forward, and its own mask.
+    layer_types = original.config.layer_types
+    original.config.layer_types = list(masks)
+    try:
+        logits = original(**kwargs, attention_mask=masks).logits
+    finally:
+        original.config.layer_types = layer_types
     return _score(logits, targets)
+
+
+def layer_masks(cache: DynamicCache, length: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Per layer of ``cache``, the additive mask ``(1, 1, length, held + length)`` of ``length``
+    new tokens reading every token the layer holds and, causally, each other."""
+    masks = {}
+    for index, layer in enumerate(cache.layers):
+        device = layer.keys.device
+        causal = torch.full((length, length), torch.finfo(dtype).min, dtype=dtype, device=device)
+        held = torch.zeros(length, layer.keys.shape[-2], dtype=dtype, device=device)
+        masks[f"kvpop_layer_{index}"] = torch.cat([held, causal.triu(1)], dim=1)[None, None]
+    return masks

@@ -31,6 +31,25 @@ def test_compression_protocol_with_full_attention_is_teacher_forcing_of_the_suff
     torch.testing.assert_close(whole.nll[:, 40:], suffix.nll, rtol=1e-4, atol=1e-5)
 
 
+def test_compression_protocol_reads_each_layer_of_a_per_layer_budget_with_its_own_mask():
+    model = tiny_qwen3()
+    ids = torch.randint(0, 256, (2, 70), generator=torch.Generator().manual_seed(3))
+    one = kc.KVpopConfig(sinks=2, window=5, topk=17, scorer="window")
+    listed = kc.KVpopConfig(sinks=2, window=(5, 5), topk=(17, 17), scorer="window")
+    # Equal layers: the masks built per layer read exactly what transformers' one mask reads.
+    got = compressed_prompt(model, kc.transform(tiny_qwen3(), listed), ids, 45)
+    want = compressed_prompt(model, kc.transform(tiny_qwen3(), one), ids, 45)
+    assert torch.equal(got.correct, want.correct)
+    torch.testing.assert_close(got.nll, want.nll, rtol=0, atol=1e-6)
+    # Layers of different sizes each read their own; the model's layer types are restored.
+    types = list(model.config.layer_types)
+    uneven = kc.KVpopConfig(sinks=2, window=(5, 9), topk=(17, 3), scorer="window")
+    scores = compressed_prompt(model, kc.transform(tiny_qwen3(), uneven), ids, 45)
+    assert scores.nll.shape == (2, 24) and bool(torch.isfinite(scores.nll).all())
+    assert not torch.equal(scores.nll, want.nll)
+    assert model.config.layer_types == types
+
+
 def test_compression_protocol_needs_a_filled_cache_and_a_valid_prompt():
     model = tiny_qwen3()
     bounded = kc.transform(tiny_qwen3(), kc.KVpopConfig(sinks=2, window=4, topk=30))
