@@ -8,6 +8,7 @@ their own. kvpress's presses join from a ``kvpress_recall.json`` beside ``recall
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,11 +197,17 @@ def _retention_targets(summary: dict, judged, protocol: str, in_scope) -> list[s
             # The verdict is the target's, on the measured figure; the interval (the same
             # draws of items for both methods) says whether another sample of items could
             # turn it, which a target judged within a few items of its floor needs.
+            interval = (
+                f"95% interval {100 * estimate.low:.1f}-{100 * estimate.high:.1f}%"
+                if math.isfinite(estimate.low) and math.isfinite(estimate.high)
+                # Resamples in which full attention answers none of the items have no ratio.
+                else "no interval: full attention answers too few of these items"
+            )
             lines.append(
                 f"- `memory` at {budget} keeps ≥ {floor:.0%} of full attention on "
                 f"{GROUP_NAMES[families]}, {cell} ({protocol}): "
                 f"{_verdict(at_least(estimate.value, floor))} — {100 * estimate.value:.1f}% "
-                f"(95% interval {100 * estimate.low:.1f}-{100 * estimate.high:.1f}%)"
+                f"({interval})"
             )
     return lines
 

@@ -205,6 +205,15 @@ def test_memorys_retention_targets_on_both_sides_of_their_floors(families, budge
     )
 
 
+def test_a_retention_of_too_few_answers_has_no_interval():
+    # Full attention answers 1 of 20, so most resamples hold none of its answers: no ratio.
+    (line,) = [line for line in _judged("train", full=1, memory_88=1) if "keeps" in line]
+    assert line.endswith("met — 100.0% (no interval: full attention answers too few of these "
+                         "items)")  # fmt: skip
+    (line,) = [line for line in _judged("train", full=20, memory_88=19) if "keeps" in line]
+    assert "(95% interval " in line and "nan" not in line
+
+
 @pytest.mark.parametrize("families", ["train", "held_out"])
 @pytest.mark.parametrize(
     ("memory", "window", "verdict"),
