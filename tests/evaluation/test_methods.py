@@ -101,6 +101,36 @@ def test_a_learned_method_runs_with_the_lam_its_scorer_was_saved_with(tmp_path):
     ]
 
 
+def test_a_learned_method_runs_at_the_per_layer_budget_its_scorer_was_saved_with(tmp_path):
+    # tiny_qwen3 has two layers: 256 slots on average, shared as 100 and 412.
+    shared = budget_config("memory", 256, window=(60, 200), topk=(36, 208))
+    assert shared.capacities == (100, 412)
+    kc.save_scorer(kc.transform(tiny_qwen3(), shared), tmp_path / "memory-256")
+    listed = methods(("memory", "h2o"), ("88%",), scorer_root=tmp_path)
+    memory, h2o = listed[1:]
+    assert (memory.window, memory.topk) == ((60, 200), (36, 208))
+    assert (h2o.window, h2o.topk) == (64, None)  # a heuristic keeps one budget
+    record = memory.record()
+    assert (record["window"], record["topk"]) == ([60, 200], [36, 208])
+    assert memory.differs_from(record) is None  # a resumed row reads back as this method
+    assert memory.differs_from({**record, "topk": [36, 200]}) == ("topk", [36, 200], [36, 208])
+    assert build_model(tiny_qwen3(), memory, scorer_root=tmp_path).kvpop_config == shared
+    assert method_notes({m.name: m.record() for m in listed}) == [
+        "per-layer budget (slots per KV head in each layer, first layer first, averaging the "
+        "budget's capacity, so the cache holds the same memory): memory @ 88%: 100, 412 "
+        "(windows 60, 200), the budget each trained scorer was saved with; every other method "
+        "keeps the budget's capacity in every layer"
+    ]
+    # A per-layer budget of another total is not the budget's memory.
+    other_total = r"at capacity 256 keeps 256 slots per layer on average; .* keep \[100, 400\]"
+    with pytest.raises(ValueError, match=other_total):
+        budget_config("memory", 256, window=(60, 200), topk=(36, 196))
+    kc.save_scorer(kc.transform(tiny_qwen3(), dataclasses.replace(shared, topk=(36, 196))),
+                   tmp_path / "memory-512")  # fmt: skip
+    with pytest.raises(ValueError, match="a per-layer budget at capacity 512"):
+        methods(("memory",), ("75%",), scorer_root=tmp_path)
+
+
 def test_missing_scorer_is_named():
     with pytest.raises(FileNotFoundError, match="no trained memory scorer for capacity 512"):
         build_model(tiny_qwen3(), Method("memory", "75%"), scorer_root="/nonexistent")
