@@ -1,7 +1,8 @@
 """Choose the priority span a saved scorer is used with, by recall items it was never chosen on.
 
-    python scripts/choose_priority_span.py kvpop_compile/embedded/scorers/memory-256 \\
-        --spans 6 8 10 12 16
+    python scripts/choose_priority_span.py runs/memory-256 --spans 6 8 10 12 16
+
+(a scorer of one budget, as training writes it).
 
 ``KVpopConfig.priority_span`` raises each token's score to the highest among itself and the
 ``P`` tokens that left the window just before it (docs/design.md, §2). It acts on scores, not on

@@ -1,7 +1,10 @@
 """Choose how much of a saved scorer's budget goes to recency: its window and its recency term.
 
-    python scripts/choose_recency.py kvpop_compile/embedded/scorers/memory-256 \\
+    python scripts/choose_recency.py runs/memory-256 \\
         --windows 96 128 160 192 --lams 0 0.0005 0.001
+
+``FOLDER`` is a scorer of one budget, as training writes it (the shipped folders were chosen so
+before their memory was shared between the layers by ``choose_layer_budgets.py``).
 
 A bounded cache keeps ``sinks + window + topk`` tokens: the ``window`` most recent always, and a
 pool of the ``topk`` older tokens of highest priority, where ``KVpopConfig.lam`` adds

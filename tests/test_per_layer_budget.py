@@ -31,17 +31,23 @@ def _randomise(model, seed: int):
     return model
 
 
-def _run(model, ids: torch.Tensor, decode_steps: int, cache=None):
+def _run(model, ids: torch.Tensor, decode_steps: int, cache=None, chunk: int | None = None):
     """Cached positions per layer ``(B, H, C)`` and the last logits after a prefill of ``ids``
-    less its last ``decode_steps`` tokens, then those tokens one at a time."""
+    less its last ``decode_steps`` tokens (one forward, or ``kc.prefill`` in chunks of
+    ``chunk`` tokens), then those tokens one at a time."""
     prefill = ids.shape[1] - decode_steps
     with torch.no_grad():
-        kwargs = {} if cache is None else {"past_key_values": cache}
-        out = model(ids[:, :prefill], use_cache=True, **kwargs)
-        cache = out.past_key_values
+        if chunk is not None:
+            cache = kc.new_cache(model)
+            logits = kc.prefill(model, ids[:, :prefill], cache, chunk=chunk)
+        else:
+            kwargs = {} if cache is None else {"past_key_values": cache}
+            out = model(ids[:, :prefill], use_cache=True, **kwargs)
+            cache, logits = out.past_key_values, out.logits[:, -1]
         for step in range(prefill, ids.shape[1]):
             out = model(ids[:, step : step + 1], past_key_values=cache, use_cache=True)
-    return [layer.state.positions.clone() for layer in cache.layers], out.logits[:, -1]
+            logits = out.logits[:, -1]
+    return [layer.state.positions.clone() for layer in cache.layers], logits
 
 
 def _reference(config: kc.KVpopConfig, seed: int):
@@ -69,13 +75,25 @@ def test_each_layer_keeps_what_a_model_of_its_budget_alone_keeps(scorer, decode_
     config = _config(scorer, **fields)
     ids = prompt(seed=7, batch=2, length=40)
     model = _randomise(kc.transform(tiny_qwen3(), config), seed=4)
-    positions, logits = _run(model, ids, decode_steps)
+    # Chunked: the model under test prefills in chunks of 5 (fewer than either layer's
+    # capacity) or of its largest layer's capacity (more than layer 1's); the reference in
+    # one forward, which the chunked rule continues exactly.
+    chunk = config.prefill_chunk
+    positions, logits = _run(model, ids, decode_steps, chunk=chunk)
+    runs = [(positions, logits)]
+    if chunk is not None:
+        runs.append(_run(model, ids, decode_steps, chunk=config.max_capacity))
     reference, cache = _reference(config, seed=4)
     want_positions, want_logits = _run(reference, ids, decode_steps, cache)
     assert [p.shape[-1] for p in positions] == [SINKS + w + k for w, k in LAYERS]
-    for got, want in zip(positions, want_positions, strict=True):
-        assert torch.equal(got, want)
-    torch.testing.assert_close(logits, want_logits, rtol=0, atol=0)
+    for got_positions, got_logits in runs:
+        for got, want in zip(got_positions, want_positions, strict=True):
+            if chunk is None:  # the same forwards: the same slots
+                assert torch.equal(got, want)
+            else:  # chunks fill the pool's slots in another order (design.md §5)
+                assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+        tolerance = 0 if chunk is None else 1e-5
+        torch.testing.assert_close(got_logits, want_logits, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("decode_steps", [0, 6])

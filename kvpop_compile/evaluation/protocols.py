@@ -170,6 +170,12 @@ def compressed_prompt(
     if _is_transformed(model):
         cache = bounded_cache_as_dynamic(cache, model.kvpop_config)
         if model.kvpop_config.per_layer is not None:
+            if original.config.model_type != "qwen3":
+                # Qwen3-MoE's forward builds its own mask and takes no mask per layer type.
+                raise ValueError(
+                    f"the prompt-compression protocol reads a per-layer budget on Qwen3 only, "
+                    f"got {original.config.model_type!r}; run the other protocols"
+                )
             masks = layer_masks(cache, inputs.shape[1], original.dtype)
     positions = torch.arange(prompt_length, total - 1).expand(batch, -1)
     kwargs = dict(input_ids=inputs, position_ids=positions, **cache_kwargs(cache), use_cache=True)

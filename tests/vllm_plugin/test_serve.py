@@ -167,7 +167,7 @@ def test_window_sets_a_trained_scorers_window_and_nothing_else(scorer):
                                       "--window", "0"))  # fmt: skip
 
 
-def test_the_shipped_per_layer_scorer_is_served_at_the_budget_given():
+def test_the_shipped_per_layer_scorer_is_served_at_the_budget_given(scorer):
     with pytest.raises(ValueError, match="vLLM serves one budget in every layer"):
         settings_from_arguments(_args(str(EMBEDDED_MODEL), "--scorer-path", str(SHIPPED)))
     with pytest.raises(ValueError, match="give both capacity and window"):
@@ -176,3 +176,5 @@ def test_the_shipped_per_layer_scorer_is_served_at_the_budget_given():
     args = ("--scorer-path", str(SHIPPED), "--capacity", "512", "--window", "384")
     config = settings_from_arguments(_args(str(EMBEDDED_MODEL), *args)).config
     assert config == dataclasses.replace(saved_config(SHIPPED), window=384, topk=512 - 4 - 384)
+    # the one budget the plugin's engine tests serve (the same tensors, test_vllm_plugin.py)
+    assert config == saved_config(scorer)

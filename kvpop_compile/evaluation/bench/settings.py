@@ -86,6 +86,13 @@ class BenchSettings:
             raise TypeError(
                 f"kvpop_config must be a KVpopConfig, got {type(self.kvpop_config).__name__}"
             )
+        if self.kvpop_config.per_layer is not None:
+            # The benchmark sizes its prompts and memory figures by one capacity.
+            raise ValueError(
+                f"the speed benchmark keeps one budget in every layer; kvpop_config keeps "
+                f"{list(self.kvpop_config.capacities)} slots per KV head in its layers: give "
+                "one window and one topk"
+            )
         object.__setattr__(self, "contexts", tuple(sorted(set(self.contexts))))
         object.__setattr__(self, "methods", tuple(m for m in METHODS if m in methods))
 

@@ -166,7 +166,13 @@ def prepare(
     # per-layer budget, the same memory at the benchmark's window.
     baseline = dataclasses.replace(config, scorer=policy, priority_span=0, lam=0.0)
     if config.per_layer is not None:
-        mean = sum(config.capacities) // config.per_layer
+        mean, rest = divmod(sum(config.capacities), config.per_layer)
+        if rest or mean <= config.sinks + WINDOW:
+            raise ValueError(
+                f"the scorer keeps a per-layer budget of {list(config.capacities)} slots; the "
+                f"baseline keeps their average in every layer, which must be a whole number "
+                f"above sinks + window = {config.sinks + WINDOW}"
+            )
         baseline = dataclasses.replace(baseline, window=WINDOW, topk=mean - config.sinks - WINDOW)
     if baseline.scorer.learned:
         raise ValueError(

@@ -32,3 +32,12 @@ def test_settings_sort_contexts_and_methods_and_refuse_bad_ones():
         BenchSettings(contexts=(32,), warmup=0)
     with pytest.raises(ValueError, match="each context must be an integer >= 1, got 0"):
         BenchSettings(contexts=(0,))
+
+
+def test_a_per_layer_budget_is_refused_by_name():
+    from kvpop_compile.config import KVpopConfig
+
+    per_layer = KVpopConfig(sinks=4, window=(8, 8), topk=(20, 100))
+    with pytest.raises(ValueError, match=r"keeps one budget in every layer; kvpop_config keeps "
+                                         r"\[32, 112\] slots"):  # fmt: skip
+        BenchSettings(contexts=(64,), kvpop_config=per_layer)

@@ -105,6 +105,21 @@ def test_the_budget_sentence_names_one_budget_once_and_different_memory_apart():
     )
 
 
+def test_a_per_layer_scorer_the_baseline_cannot_match_is_refused(tmp_path):
+    from kvpop_compile import save_scorer, transform
+    from kvpop_compile.embedded import load_embedded_model
+    from kvpop_compile.evaluation.demo.run import prepare
+
+    shipped = saved_config(scorer_folder("memory", 256))
+    for topk, average in (((20, 20, 20, 23), r"\[32, 32, 32, 35\]"),
+                          ((20, 20, 20, 20), r"\[32, 32, 32, 32\]")):  # fmt: skip
+        config = dataclasses.replace(shipped, window=(8,) * 4, topk=topk)
+        save_scorer(transform(load_embedded_model(), config), tmp_path / "scorer")
+        with pytest.raises(ValueError, match=f"per-layer budget of {average} slots; the baseline "
+                                             "keeps their average in every layer"):  # fmt: skip
+            prepare(scorer=tmp_path / "scorer")
+
+
 def test_cli_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit, match="2"):
         main(["demo", "--items", "0"])  # refused as it is parsed
