@@ -43,10 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import rewrite  # noqa: E402
-from choose_recency import data_record, kept_setting, text_accuracy, validation_data  # noqa: E402
+from choose_recency import (  # noqa: E402
+    data_record,
+    kept_setting,
+    text_accuracy,
+    validation_data,
+    validation_measure,
+)
 from choose_streaming_heads import window_policy  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
-    SELECT_BATCH,
     SELECT_MEASURES,
     TRAINING_RECORD,
     with_tensors,
@@ -127,7 +132,6 @@ def main(argv=None) -> None:
     baseline = kc.transform(load_embedded_model(path=args.model), window_policy(saved))
     window_text = text_accuracy(baseline, ids, long_range)
     print(f"window @ capacity {saved.capacity}: text {window_text}", flush=True)
-    per_item = SELECT_MEASURES["probability"]
     saved_key = ((saved.window,) * layers, (saved.topk,) * layers)
     measured = {}
     for windows, topks in [saved_key, *budgets]:
@@ -135,12 +139,9 @@ def main(argv=None) -> None:
         model = with_tensors(kc.transform(load_embedded_model(path=args.model), config),
                              args.folder)  # fmt: skip
         text = text_accuracy(model, ids, long_range)
-        values = [v for items in groups for v in per_item(model, items, "prefill",
-                                                          batch=SELECT_BATCH)]  # fmt: skip
-        measured[windows, topks] = {
-            "recall": sum(values) / len(values), "text": text,
-            "text_margin": {k: text[k] - window_text[k] for k in text},
-        }  # fmt: skip
+        measured[windows, topks] = validation_measure(
+            model, text, SELECT_MEASURES["probability"], groups, window_text
+        )
         print(f"{args.folder}: capacities {list(config.capacities)}, windows {list(windows)}: "
               f"{measured[windows, topks]}", flush=True)  # fmt: skip
     kept = kept_setting(measured, saved_key)

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import TIE, check_listed, one_budget, rewrite  # noqa: E402
 from train_embedded_scorers import (  # noqa: E402
+    SELECT_BATCH,
     TRAINING_RECORD,
     recall_selection,
     selection_items,
@@ -113,6 +114,17 @@ def text_accuracy(model, ids: torch.Tensor, long_range: torch.Tensor) -> dict[st
                          range(0, ids.shape[0], BATCH)]).double()  # fmt: skip
     lr = long_range.double()
     return {"all": correct.mean().item(), "long_range": ((correct * lr).sum() / lr.sum()).item()}
+
+
+def validation_measure(model, text: dict[str, float], per_item, groups, window_text) -> dict:
+    """The selection measures of a model: its ``text`` accuracies (:func:`text_accuracy`), their
+    margins over ``window_text`` (the ``window`` policy's), and the recall measure, the mean of
+    ``per_item`` (``SELECT_MEASURES["probability"]``: the probability of the exact answer) over
+    the items of ``groups`` (prefill protocol)."""
+    values = [v for items in groups for v in per_item(model, items, "prefill",
+                                                      batch=SELECT_BATCH)]  # fmt: skip
+    return {"recall": sum(values) / len(values), "text": text,
+            "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
 
 
 def validation_data(sequences: int, items: int, seed: int):

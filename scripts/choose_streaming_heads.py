@@ -48,9 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import one_budget, rewrite  # noqa: E402
-from choose_recency import data_record, split_config, text_accuracy, validation_data  # noqa: E402
+from choose_recency import (  # noqa: E402
+    data_record,
+    split_config,
+    text_accuracy,
+    validation_data,
+    validation_measure,
+)
 from train_embedded_scorers import (  # noqa: E402
-    SELECT_BATCH,
     SELECT_MEASURES,
     TRAINING_RECORD,
     with_tensors,
@@ -170,10 +175,7 @@ def main(argv=None) -> None:
 
     def measure_model(scored, what: str) -> dict:
         text = text_accuracy(scored, ids, long_range)
-        values = [v for items in groups for v in per_item(scored, items, "prefill",
-                                                          batch=SELECT_BATCH)]  # fmt: skip
-        result = {"recall": sum(values) / len(values), "text": text,
-                  "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
+        result = validation_measure(scored, text, per_item, groups, window_text)
         print(f"{args.folder}: {what}: {result}", flush=True)
         return result
 
