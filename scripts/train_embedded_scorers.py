@@ -22,6 +22,11 @@ and the demo run a scorer at the window it was saved with. A window is a choice 
 split, not of the weights: the scorer scores each token as it leaves the window, whenever that
 is. ``--scorer-hidden`` sets the readout MLP's width (64).
 
+``--layer-windows W0 W1 ... --layer-topks K0 K1 ...`` trains at a per-layer budget (each layer's
+loss ranks tokens at its own pool boundary, as :func:`kvpop_compile.train_scorer` does for a
+per-layer config), selects candidates there and saves the scorer with it; ``--capacities`` then
+names one capacity, the layers' average (the folder's name).
+
 ``--recall-fraction`` makes that share of the sequences long-range recall items of the training
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
 at the end attends to a definition far back, which is what a scorer must learn to keep. Every
@@ -179,6 +184,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--train-window); eval and demo run a scorer at the window it was saved with",
     )  # fmt: skip
     p.add_argument(
+        "--layer-windows", nargs="+", type=int, default=None, metavar="W",
+        help="train and save at a per-layer budget: one window per layer (with --layer-topks; "
+        "one --capacities, their layers' average)",
+    )  # fmt: skip
+    p.add_argument(
+        "--layer-topks", nargs="+", type=int, default=None, metavar="K",
+        help="the pool of each layer of the per-layer budget (with --layer-windows)",
+    )  # fmt: skip
+    p.add_argument(
         "--scorer-hidden", type=int, default=64,
         help="hidden width of the scorers' readout MLP (KVpopConfig.scorer_hidden, 64)",
     )  # fmt: skip
@@ -296,10 +310,47 @@ def recall_selection(
 
 
 def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConfig:
-    """The benchmark's config for ``policy`` at ``capacity`` and ``window``, with the run's
-    ``--priority-span``, ``--lam`` and ``--scorer-hidden``."""
-    config = budget_config(policy, capacity, args.priority_span, window)
+    """The benchmark's config for ``policy`` at ``capacity`` and ``window`` (or at the per-layer
+    budget of ``--layer-windows`` and ``--layer-topks``), with the run's ``--priority-span``,
+    ``--lam`` and ``--scorer-hidden``."""
+    if args.layer_windows is not None:
+        config = budget_config(policy, capacity, args.priority_span, tuple(args.layer_windows),
+                               topk=tuple(args.layer_topks))  # fmt: skip
+    else:
+        config = budget_config(policy, capacity, args.priority_span, window)
     return dataclasses.replace(config, scorer_hidden=args.scorer_hidden, lam=args.lam)
+
+
+def check_layer_budget(args, argv: list[str]) -> None:
+    """Refuse a per-layer budget (``--layer-windows``/``--layer-topks``) given incompletely or
+    with the options of one budget: it is both the training budget and the saved one."""
+    given = (args.layer_windows is not None, args.layer_topks is not None)
+    if not any(given):
+        return
+    if not all(given):
+        raise SystemExit("a per-layer budget needs both --layer-windows and --layer-topks")
+    if len(args.layer_windows) != len(args.layer_topks):
+        raise SystemExit(
+            f"--layer-windows lists {len(args.layer_windows)} layers and --layer-topks "
+            f"{len(args.layer_topks)}: give one window and one pool per layer"
+        )
+    clashing = [name for name in ("--train-capacity", "--train-window", "--windows",
+                                  "--select-at") if name in argv]  # fmt: skip
+    if clashing:
+        raise SystemExit(
+            f"{', '.join(clashing)} set a one-budget split; a per-layer budget is the budget the "
+            "scorers train, are selected and are saved at: leave them out"
+        )
+    if len(args.capacities) != 1:
+        raise SystemExit(
+            f"a per-layer budget saves one scorer per policy: give one --capacities (the "
+            f"layers' average), got {' '.join(map(str, args.capacities))}"
+        )
+    try:
+        budget_config("memory", args.capacities[0], 0, tuple(args.layer_windows),
+                      topk=tuple(args.layer_topks))  # fmt: skip
+    except ValueError as error:
+        raise SystemExit(f"--layer-windows/--layer-topks: {error}") from None
 
 
 def with_tensors(transformed, scorer: Path):
@@ -434,6 +485,7 @@ def main(argv=None) -> None:
             f"--select-seed {args.select_seed} equals --seed: the selection items would be "
             "the training items; choose another"
         )
+    check_layer_budget(args, argv)
     windows = args.windows or [args.train_window] * len(args.capacities)
     if len(windows) != len(args.capacities):
         raise SystemExit(
@@ -459,7 +511,9 @@ def main(argv=None) -> None:
             config = scorer_config(policy, capacity, window, args)
             train_config = scorer_config(policy, trained_at, args.train_window, args)
             model = load_embedded_model(path=args.model)
-            work = args.work / f"{policy}-{trained_at}"
+            if config.per_layer is not None:
+                train_config = config
+            work = args.work / f"{policy}-{'-'.join(map(str, train_config.capacities))}"
             run = finished_run(work, args.steps) if args.reselect else {}
             select_config = config if args.select_at == "saved" else train_config
             select = None if groups is None else recall_selection(
@@ -500,6 +554,7 @@ def main(argv=None) -> None:
                 "policy": policy,
                 "capacity": capacity,
                 "trained_at_capacity": trained_at,
+                "trained_at_capacities": list(train_config.capacities),
                 "sinks": config.sinks,
                 "window": config.window,
                 "trained_with_window": train_config.window,

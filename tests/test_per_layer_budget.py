@@ -2,6 +2,7 @@
 keeps that layer's; configs, caches and saved scorers carry them, and misuse is refused."""
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -9,10 +10,13 @@ from tiny_models import prompt, tiny_qwen3
 
 import kvpop_compile as kc
 from kvpop_compile.scorer_io import saved_config
+from kvpop_compile.training.distributed import ProcessGroup
+from kvpop_compile.training.objectives import DistillObjective, ScorerObjective
 from kvpop_compile.training.settings import TrainSettings
 
 SINKS = 2
 LAYERS = ((3, 6), (5, 2))  # (window, topk) of layers 0 and 1: capacities 11 and 9
+TEXT = inspect.getsource(dataclasses)  # real text to train on
 
 
 def _config(scorer: str = "memory", **fields) -> kc.KVpopConfig:
@@ -185,9 +189,54 @@ def test_a_saved_scorer_keeps_its_per_layer_budget(tmp_path):
         kc.load_scorer(kc.transform(tiny_qwen3(), one), tmp_path / "scorer")
 
 
-def test_scorers_train_at_one_budget():
-    with pytest.raises(ValueError, match="scorers train at one budget"):
-        TrainSettings(seq_len=64).check_for(_config(), 1)
+def _layer_records(config: kc.KVpopConfig, model, ids: torch.Tensor) -> list:
+    """Each layer's (loss, ranking accuracy) of one scorer-training forward at ``config``."""
+    with ScorerObjective(model, config, "boundary", tau=2.0, target="max") as objective:
+        objective(ids)
+        return [teacher.records[0] for teacher in objective.teachers]
+
+
+def test_scorer_training_holds_each_layer_at_its_own_budget():
+    """The oracle: each layer's loss is what training at that layer's budget alone gives the
+    layer (the same model and input; scorers are seeded per layer, so they start equal)."""
+    config = _config(lam=0.002)
+    model, ids = tiny_qwen3(), prompt(seed=3, batch=2, length=48)
+    records = _layer_records(config, model, ids)
+    for i in range(len(LAYERS)):
+        alone = _layer_records(config.layer(i), model, ids)[i]
+        assert torch.equal(records[i][0], alone[0]) and torch.equal(records[i][1], alone[1])
+    # The budgets differ enough that the layers' decisions differ: one budget for both would
+    # give layer 0 another loss.
+    assert not torch.equal(records[0][0], _layer_records(config.layer(1), model, ids)[0][0])
+
+
+def test_distillation_masks_each_layer_at_its_own_budget():
+    config = _config()
+    model = tiny_qwen3()
+    objective = DistillObjective(
+        model, config, "boundary", 1.0, trainable=None, kl_top=8, kl_weight=1.0,
+        group=ProcessGroup.current(),
+    )  # fmt: skip
+    with objective:
+        layers = objective.student.model.layers
+        kept = [layer.self_attn.kvpop_student_attention.config for layer in layers]
+    assert kept == [config.layer(i) for i in range(len(LAYERS))]
+
+
+def test_a_scorer_trained_at_a_per_layer_budget_saves_and_runs_it(tmp_path):
+    config = _config()
+    settings = kc.TrainSettings(steps=2, seq_len=40, batch_size=2, eval_every=2, lr=3e-3)
+    report = kc.train_scorer(tiny_qwen3(), [TEXT], config, settings, output_dir=tmp_path,
+                             progress=False)  # fmt: skip
+    assert saved_config(report.scorer_path) == config
+    loaded = kc.load_scorer(kc.transform(tiny_qwen3(), config), report.scorer_path)
+    assert _run(loaded, prompt(seed=5, length=30), 2)[0][1].shape[-1] == 9  # layer 1's capacity
+
+
+def test_training_refuses_sequences_no_longer_than_the_largest_layer():
+    with pytest.raises(ValueError, match=r"seq_len 11 must exceed the capacity 11 .*largest"):
+        TrainSettings(seq_len=11).check_for(_config(), 1)
+    TrainSettings(seq_len=12).check_for(_config(), 1)
 
 
 def test_the_compiled_decode_step_generates_the_eager_tokens():

@@ -82,27 +82,35 @@ def teacher_attention(
     model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float, target: str = "mean"
 ):
     """Full attention plus, per layer, the future-attention target (``target``: the mean or
-    max over later queries) and the scorer's loss."""
+    max over later queries) and the scorer's loss, each at its layer's budget
+    (``config.layer(i)``), as the transformed model keeps it."""
+    config.check_layers(len(model.model.layers))
 
     def build(index, attention):
+        layer_config = config.layer(index)
         captured = _captured(model, attention)
         captured.kvpop_target = target  # read by the pass
-        graph = insert_future_attention_target(captured, config)
+        graph = insert_future_attention_target(captured, layer_config)
         layer = graph.kvpop_layer_idx  # seeds the layer's scorer, as transform does
-        scorer = build_scorer(config, model.config.num_key_value_heads, attention.head_dim, layer)
-        scorer_loss = ScorerLoss(scorer, config, loss, tau)
-        return GraphAttention(attention, remove_dead_code(graph, config), scorer_loss)
+        scorer = build_scorer(
+            layer_config, model.config.num_key_value_heads, attention.head_dim, layer
+        )
+        scorer_loss = ScorerLoss(scorer, layer_config, loss, tau)
+        return GraphAttention(attention, remove_dead_code(graph, layer_config), scorer_loss)
 
     return swapped_attention(model, build)
 
 
 def student_attention(model: nn.Module, config: KVpopConfig, scorers: list):
-    """Attention under the running-top-k mask of each layer's (shared) scorer."""
+    """Attention under the running-top-k mask of each layer's (shared) scorer, at the
+    layer's budget."""
+    config.check_layers(len(model.model.layers))
 
     def build(index, attention):
-        graph = replace_attention_for_distillation(_captured(model, attention), config)
+        layer_config = config.layer(index)
+        graph = replace_attention_for_distillation(_captured(model, attention), layer_config)
         graph.kvpop_student_attention.scorer = scorers[index]
-        return GraphAttention(attention, remove_dead_code(graph, config))
+        return GraphAttention(attention, remove_dead_code(graph, layer_config))
 
     return swapped_attention(model, build)
 

@@ -108,20 +108,15 @@ class TrainSettings:
             raise ValueError(
                 f"scorer {config.scorer.value!r} has no parameters to train; choose memory or mlp"
             )
-        if config.per_layer is not None:
-            raise ValueError(
-                f"scorers train at one budget for every layer; this config keeps "
-                f"{list(config.capacities)} slots per KV head in its layers: train at one "
-                "capacity, then run the saved scorer at a per-layer budget (docs/design.md §2)"
-            )
         if self.batch_size % processes:
             raise ValueError(
                 f"batch_size {self.batch_size} must be a multiple of the {processes} processes"
             )
-        if self.seq_len <= config.capacity:
+        if self.seq_len <= config.max_capacity:
             raise ValueError(
-                f"seq_len {self.seq_len} must exceed the capacity {config.capacity} (sinks + "
-                "window + topk): shorter sequences never make the policy choose what to drop"
+                f"seq_len {self.seq_len} must exceed the capacity {config.max_capacity} (sinks "
+                "+ window + topk, the largest layer's): shorter sequences never make that "
+                "layer's policy choose what to drop"
             )
 
     def recorded(self, config: KVpopConfig, train_sequences: int) -> dict:

@@ -239,3 +239,33 @@ def test_a_candidate_is_measured_at_a_window_other_than_the_one_it_was_saved_wit
     assert 0.0 < at_256 <= 1.0 and 0.0 < at_96 <= 1.0
     assert at_256 != at_96  # another window keeps other tokens
     assert measure(256, "exact") in (0.0, 1.0)
+
+
+def test_a_scorer_trained_at_a_per_layer_budget_is_saved_at_it(tmp_path):
+    windows, topks = ["40", "40", "40", "96"], ["16", "16", "16", "232"]  # capacities average 128
+    common = ["--policies", "mlp", "--steps", "1", "--batch-size", "1", "--eval-sequences", "1",
+              "--eval-every", "1", "--priority-span", "3", "--lam", "0.001",
+              "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]  # fmt: skip
+    layers = ["--layer-windows", *windows, "--layer-topks", *topks]
+    refusals = [
+        (["--capacities", "128", "--layer-windows", *windows], "needs both"),
+        (["--capacities", "128", *layers[:-1]], "lists 4 layers and --layer-topks 3"),
+        (["--capacities", "128", "--train-capacity", "128", *layers], "--train-capacity"),
+        (["--capacities", "128", "--windows", "40", *layers], "--windows set a one-budget"),
+        (["--capacities", "128", "64", *layers], "give one --capacities"),
+        (["--capacities", "120", *layers], r"keep \[60, 60, 60, 332\]"),
+    ]
+    for extra, message in refusals:
+        with pytest.raises(SystemExit, match=message):
+            _script().main([*common, *extra])
+    _script().main([*common, "--capacities", "128", *layers])
+    folder = tmp_path / "out" / "mlp-128"
+    want = budget_config("mlp", 128, 3, (40, 40, 40, 96), topk=(16, 16, 16, 232))
+    assert saved_config(folder) == dataclasses.replace(want, lam=0.001)
+    record = json.loads((folder / "training.json").read_text())
+    assert record["trained_at_capacities"] == [60, 60, 60, 332]
+    assert (record["window"], record["topk"]) == ([40, 40, 40, 96], [16, 16, 16, 232])
+    # Trained there: the work folder's scorer, saved by the trainer, carries the same budget.
+    trained = tmp_path / "work" / "mlp-60-60-60-332" / "scorer"
+    assert saved_config(trained) == saved_config(folder)
+    kc.load_scorer(kc.transform(load_embedded_model(), saved_config(folder)), folder)
