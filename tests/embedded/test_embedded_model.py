@@ -143,6 +143,19 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     assert record["recall_fraction"] == 0.5
     # chosen among candidates on validation recall items, never held-out ones
     assert record["selection"]["split"] == "validation"
+    if (policy, budget) == ("memory", "88%"):
+        # then trained again at that per-layer budget, and the run's choice kept over the
+        # scorer saved before by the same rule and measures (train_embedded_scorers.py
+        # --layer-windows): what the recency and layer-budget records below describe is the
+        # earlier scorer's choice of the budget this one trained at
+        assert record["trained_at_capacities"] == [192, 192, 192, 448]
+        assert (record["window"], record["topk"]) == (list(windows), list(topks))
+        chosen_again = record["per_layer_training_selection"]
+        assert chosen_again["kept"] == "this_run"
+        assert record["replaces"]["window"] == trained_window
+        record = record["replaces"] | {
+            k: record[k] for k in ("recency_selection", "layer_budget_selection")
+        }
     assert (record["window"], record["scorer_hidden"]) == (trained_window, 256)
     recency = record["recency_selection"]
     assert recency["kept"] == {"window": window, "lam": lam}
