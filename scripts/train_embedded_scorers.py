@@ -138,7 +138,8 @@ TRAINING_RECORD = "training.json"  # in a saved scorer folder: how the scorer wa
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # No abbreviations: a prefix of one flag (--window for --windows) must not pass for it.
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--policies", nargs="+", default=["memory", "mlp"], choices=["memory", "mlp"])
     p.add_argument(
         "--capacities", nargs="+", type=int, default=sorted(BUDGETS.values(), reverse=True)
@@ -334,8 +335,12 @@ def check_layer_budget(args, argv: list[str]) -> None:
             f"--layer-windows lists {len(args.layer_windows)} layers and --layer-topks "
             f"{len(args.layer_topks)}: give one window and one pool per layer"
         )
-    clashing = [name for name in ("--train-capacity", "--train-window", "--windows",
-                                  "--select-at") if name in argv]  # fmt: skip
+    set_values = {"--train-capacity": args.train_capacity is not None,
+                  "--train-window": args.train_window != WINDOW or any(
+                      a.startswith("--train-window") for a in argv),
+                  "--windows": args.windows is not None,
+                  "--select-at": args.select_at != "training"}  # fmt: skip
+    clashing = [name for name, given in set_values.items() if given]
     if clashing:
         raise SystemExit(
             f"{', '.join(clashing)} set a one-budget split; a per-layer budget is the budget the "
@@ -347,10 +352,15 @@ def check_layer_budget(args, argv: list[str]) -> None:
             f"layers' average), got {' '.join(map(str, args.capacities))}"
         )
     try:
-        budget_config("memory", args.capacities[0], 0, tuple(args.layer_windows),
-                      topk=tuple(args.layer_topks))  # fmt: skip
+        config = budget_config("memory", args.capacities[0], 0, tuple(args.layer_windows),
+                               topk=tuple(args.layer_topks))  # fmt: skip
     except ValueError as error:
         raise SystemExit(f"--layer-windows/--layer-topks: {error}") from None
+    if config.max_capacity >= SEQUENCE_LENGTH:
+        raise SystemExit(
+            f"--layer-windows/--layer-topks keep {config.max_capacity} slots in a layer: the "
+            f"{SEQUENCE_LENGTH}-token training sequences would never make it drop a token"
+        )
 
 
 def with_tensors(transformed, scorer: Path):
@@ -513,7 +523,12 @@ def main(argv=None) -> None:
             model = load_embedded_model(path=args.model)
             if config.per_layer is not None:
                 train_config = config
-            work = args.work / f"{policy}-{'-'.join(map(str, train_config.capacities))}"
+                # Named by each layer's capacity and window: budgets of equal capacities
+                # but other windows train in folders of their own.
+                layers = zip(train_config.capacities, train_config.window, strict=True)
+                work = args.work / f"{policy}-{'-'.join(f'{c}w{w}' for c, w in layers)}"
+            else:
+                work = args.work / f"{policy}-{trained_at}"
             run = finished_run(work, args.steps) if args.reselect else {}
             select_config = config if args.select_at == "saved" else train_config
             select = None if groups is None else recall_selection(
@@ -553,7 +568,8 @@ def main(argv=None) -> None:
                 "command": command,
                 "policy": policy,
                 "capacity": capacity,
-                "trained_at_capacity": trained_at,
+                # A per-layer run trained at no one capacity: its layers' are the next field.
+                "trained_at_capacity": None if config.per_layer is not None else trained_at,
                 "trained_at_capacities": list(train_config.capacities),
                 "sinks": config.sinks,
                 "window": config.window,

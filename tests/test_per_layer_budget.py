@@ -202,12 +202,14 @@ def test_scorer_training_holds_each_layer_at_its_own_budget():
     config = _config(lam=0.002)
     model, ids = tiny_qwen3(), prompt(seed=3, batch=2, length=48)
     records = _layer_records(config, model, ids)
+    # Each layer's one budget written out from LAYERS, not through config.layer.
+    alone = [_layer_records(_config(lam=0.002, window=w, topk=k), model, ids) for w, k in LAYERS]
     for i in range(len(LAYERS)):
-        alone = _layer_records(config.layer(i), model, ids)[i]
-        assert torch.equal(records[i][0], alone[0]) and torch.equal(records[i][1], alone[1])
+        assert torch.equal(records[i][0], alone[i][i][0])
+        assert torch.equal(records[i][1], alone[i][i][1])
     # The budgets differ enough that the layers' decisions differ: one budget for both would
     # give layer 0 another loss.
-    assert not torch.equal(records[0][0], _layer_records(config.layer(1), model, ids)[0][0])
+    assert not torch.equal(records[0][0], alone[1][0][0])
 
 
 def test_distillation_masks_each_layer_at_its_own_budget():

@@ -144,10 +144,12 @@ def test_shipped_scorers_match_the_benchmark_budgets(policy, budget):
     # chosen among candidates on validation recall items, never held-out ones
     assert record["selection"]["split"] == "validation"
     if (policy, budget) == ("memory", "88%"):
-        # then trained again at that per-layer budget, and the run's choice kept over the
-        # scorer saved before by the same rule and measures (train_embedded_scorers.py
-        # --layer-windows): what the recency and layer-budget records below describe is the
-        # earlier scorer's choice of the budget this one trained at
+        # then trained again at that per-layer budget (train_embedded_scorers.py
+        # --layer-windows), and the run's choice kept over the scorer saved before by the same
+        # rule and measures; the comparison and the earlier record were added to
+        # training.json when the folder was replaced (docs/experiments.md, 2026-12-07). What
+        # the recency and layer-budget records below describe is the earlier scorer's choice
+        # of the budget this one trained at
         assert record["trained_at_capacities"] == [192, 192, 192, 448]
         assert (record["window"], record["topk"]) == (list(windows), list(topks))
         chosen_again = record["per_layer_training_selection"]

@@ -252,20 +252,55 @@ def test_a_scorer_trained_at_a_per_layer_budget_is_saved_at_it(tmp_path):
         (["--capacities", "128", *layers[:-1]], "lists 4 layers and --layer-topks 3"),
         (["--capacities", "128", "--train-capacity", "128", *layers], "--train-capacity"),
         (["--capacities", "128", "--windows", "40", *layers], "--windows set a one-budget"),
+        (["--capacities", "128", "--train-capacity=128", *layers], "--train-capacity set"),
+        (["--capacities", "128", "--train-window", "64", *layers], "--train-window set"),
+        (
+            [
+                "--capacities",
+                "128",
+                "--select-at",
+                "saved",
+                "--reselect",
+                "--select-items",
+                "1",
+                *layers,
+            ],
+            "--select-at set",
+        ),
+        (
+            [
+                "--capacities",
+                "1103",
+                "--layer-windows",
+                "40",
+                "40",
+                "40",
+                "4000",
+                "--layer-topks",
+                "16",
+                "16",
+                "16",
+                "228",
+            ],
+            "keep 4232 slots in a layer",
+        ),
         (["--capacities", "128", "64", *layers], "give one --capacities"),
         (["--capacities", "120", *layers], r"keep \[60, 60, 60, 332\]"),
     ]
     for extra, message in refusals:
         with pytest.raises(SystemExit, match=message):
             _script().main([*common, *extra])
+    with pytest.raises(SystemExit):  # a prefix of --windows is no flag at all
+        _script().parse_args(["--window", "40"])
     _script().main([*common, "--capacities", "128", *layers])
     folder = tmp_path / "out" / "mlp-128"
     want = budget_config("mlp", 128, 3, (40, 40, 40, 96), topk=(16, 16, 16, 232))
     assert saved_config(folder) == dataclasses.replace(want, lam=0.001)
     record = json.loads((folder / "training.json").read_text())
     assert record["trained_at_capacities"] == [60, 60, 60, 332]
+    assert record["trained_at_capacity"] is None  # no one capacity
     assert (record["window"], record["topk"]) == ([40, 40, 40, 96], [16, 16, 16, 232])
     # Trained there: the work folder's scorer, saved by the trainer, carries the same budget.
-    trained = tmp_path / "work" / "mlp-60-60-60-332" / "scorer"
+    trained = tmp_path / "work" / "mlp-60w40-60w40-60w40-332w96" / "scorer"
     assert saved_config(trained) == saved_config(folder)
     kc.load_scorer(kc.transform(load_embedded_model(), saved_config(folder)), folder)
