@@ -336,8 +336,7 @@ def check_layer_budget(args, argv: list[str]) -> None:
             f"{len(args.layer_topks)}: give one window and one pool per layer"
         )
     set_values = {"--train-capacity": args.train_capacity is not None,
-                  "--train-window": args.train_window != WINDOW or any(
-                      a.startswith("--train-window") for a in argv),
+                  "--train-window": any(a.split("=")[0] == "--train-window" for a in argv),
                   "--windows": args.windows is not None,
                   "--select-at": args.select_at != "training"}  # fmt: skip
     clashing = [name for name, given in set_values.items() if given]
@@ -521,8 +520,7 @@ def main(argv=None) -> None:
             config = scorer_config(policy, capacity, window, args)
             train_config = scorer_config(policy, trained_at, args.train_window, args)
             model = load_embedded_model(path=args.model)
-            if config.per_layer is not None:
-                train_config = config
+            if config.per_layer is not None:  # then train_config is config (check_layer_budget)
                 # Named by each layer's capacity and window: budgets of equal capacities
                 # but other windows train in folders of their own.
                 layers = zip(train_config.capacities, train_config.window, strict=True)
