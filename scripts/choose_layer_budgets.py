@@ -51,11 +51,8 @@ from choose_recency import (  # noqa: E402
     validation_measure,
 )
 from choose_streaming_heads import window_policy  # noqa: E402
-from train_embedded_scorers import (  # noqa: E402
-    SELECT_MEASURES,
-    TRAINING_RECORD,
-    with_tensors,
-)
+from embedded_scorers.candidates import SELECT_MEASURES  # noqa: E402
+from embedded_scorers.folders import TRAINING_RECORD, with_tensors  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402

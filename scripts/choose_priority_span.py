@@ -44,14 +44,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_embedded_scorers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedded_scorers
 
-from train_embedded_scorers import (  # noqa: E402
-    TRAINING_RECORD,
-    recall_selection,
-    selection_items,
-    write_scorer,
-)
+from embedded_scorers.candidates import recall_selection, selection_items  # noqa: E402
+from embedded_scorers.folders import TRAINING_RECORD, write_scorer  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.atomic import replace_folder  # noqa: E402

@@ -50,13 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import TIE, check_listed, one_budget, rewrite  # noqa: E402
-from train_embedded_scorers import (  # noqa: E402
-    SELECT_BATCH,
-    TRAINING_RECORD,
-    recall_selection,
-    selection_items,
-    with_tensors,
-)
+from embedded_scorers.candidates import SELECT_BATCH, recall_selection, selection_items  # noqa: E402
+from embedded_scorers.folders import TRAINING_RECORD, with_tensors  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model  # noqa: E402

@@ -92,8 +92,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import json
 import platform
 import random
 import sys
@@ -103,12 +101,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+from embedded_scorers.candidates import (  # noqa: E402
+    SELECT_MEASURES,
+    recall_selection,
+    reselect,
+    selection_items,
+    selection_spec,
+)
+from embedded_scorers.folders import (  # noqa: E402
+    claim_work,
+    finished_run,
+    install,
+)
 
 import kvpop_compile as kc  # noqa: E402
-from kvpop_compile.atomic import atomic_write, replace_folder  # noqa: E402
 from kvpop_compile.embedded import load_embedded_model, split_files  # noqa: E402
 from kvpop_compile.embedded.corpus import read_bytes  # noqa: E402
-from kvpop_compile.embedded.recall import TASKS, RecallItem, recall_items  # noqa: E402
+from kvpop_compile.embedded.recall import TASKS, recall_items  # noqa: E402
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH  # noqa: E402
 from kvpop_compile.evaluation.methods import (  # noqa: E402
     BUDGETS,
@@ -117,24 +128,11 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
-from kvpop_compile.evaluation.recall.protocol import answer_exactly, answer_probability  # noqa: E402
 from kvpop_compile.fingerprints import items_sha256  # noqa: E402
-from kvpop_compile.scorer_io import load_layers, read_tensors, tensors_sha256  # noqa: E402
+from kvpop_compile.scorer_io import tensors_sha256  # noqa: E402
 from kvpop_compile.training.selection import (  # noqa: E402
-    SELECTION_FAMILIES,
     SELECTION_SPLITS,
-    CandidateSelection,
-    recall_selection_items,
 )
-from kvpop_compile.training.trainer import CHECKPOINT  # noqa: E402
-
-SELECT_BATCH = 16  # items answered together, at most (items of one shape share a forward)
-# What a candidate is measured by, per item: its exact greedy answer (1 or 0), or the probability
-# it gives the exact answer (exact match's smooth counterpart, which ranks candidates that answer
-# the same number of items).
-SELECT_MEASURES = {"exact": answer_exactly, "probability": answer_probability}
-RUN_RECORD = "run.json"  # in a work folder: the command that trains there, and its measure
-TRAINING_RECORD = "training.json"  # in a saved scorer folder: how the scorer was made and chosen
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -278,38 +276,6 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
     return texts
 
 
-def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallItem]]:
-    """The selection measure's items: ``per_task`` 2048-byte recall items per family group
-    (:data:`~kvpop_compile.training.selection.SELECTION_FAMILIES`) and task of ``split``
-    ("validation" or "train"), drawn with ``seed``; one list per family group and task."""
-    return recall_selection_items(split, per_task, seed, SEQUENCE_LENGTH)
-
-
-def recall_selection(
-    model_path, config: kc.KVpopConfig, groups: list[list[RecallItem]], measure: str = "exact"
-):
-    """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the mean over the items of
-    ``groups`` (:func:`selection_items`) of :data:`SELECT_MEASURES` ``[measure]`` (the share
-    answered exactly, or the mean probability of the exact answer) for a candidate scorer loaded
-    into the model transformed with ``config`` (prefill protocol)."""
-    per_item = SELECT_MEASURES[measure]
-
-    @functools.cache  # made at the first measure: a resumed, finished run measures nothing
-    def transformed():
-        return kc.transform(load_embedded_model(path=model_path), config)
-
-    def select(folder: Path) -> float:
-        model = with_tensors(transformed(), folder)
-        values = [
-            value
-            for items in groups
-            for value in per_item(model, items, "prefill", batch=SELECT_BATCH)
-        ]
-        return sum(values) / len(values)
-
-    return select
-
-
 def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConfig:
     """The benchmark's config for ``policy`` at ``capacity`` and ``window`` (or at the per-layer
     budget of ``--layer-windows`` and ``--layer-topks``), with the run's ``--priority-span``,
@@ -360,118 +326,6 @@ def check_layer_budget(args, argv: list[str]) -> None:
             f"--layer-windows/--layer-topks keep {config.max_capacity} slots in a layer: the "
             f"{SEQUENCE_LENGTH}-token training sequences would never make it drop a token"
         )
-
-
-def with_tensors(transformed, scorer: Path):
-    """``transformed`` (a transformed model) with the saved ``scorer``'s tensors in its scorers.
-    Tensors only: load_scorer would refuse a window other than the one trained with, and running
-    a scorer at another window (--windows, --select-at saved) is this script's point; names and
-    shapes are still checked layer by layer."""
-    load_layers(
-        [layer.self_attn.scorer for layer in transformed.model.layers], read_tensors(scorer)
-    )
-    return transformed
-
-
-def write_scorer(folder: Path, scorer: Path, record: dict, model, config: kc.KVpopConfig) -> None:
-    """Save the tensors of the scorer folder ``scorer`` into ``folder``, saved for ``config``
-    (``model`` transformed with it carries the weights, whatever capacity, window and span the
-    scorer was trained at), with ``record`` as its ``training.json``."""
-    kc.save_scorer(with_tensors(kc.transform(model, config), scorer), folder)
-    (folder / TRAINING_RECORD).write_text(json.dumps(record, indent=1) + "\n")
-
-
-def install(scorer: Path, target: Path, record: dict, model, config: kc.KVpopConfig) -> None:
-    """:func:`write_scorer` into ``target``, atomically (built beside it, then swapped in)."""
-    replace_folder(target, lambda folder: write_scorer(folder, scorer, record, model, config))
-
-
-def selection_spec(args) -> dict | None:
-    """The run's selection measure: its split, family groups, items per family group and task,
-    and seed, and its per-item measure and where it measures when not the defaults (exact, at
-    the training budget: what a record without them, written before they existed, measured).
-    None: no selection. A record without family groups measured items that had none, so a run
-    recorded with one is not resumed with the other."""
-    if not args.select_items:
-        return None
-    spec = {
-        "split": args.select_split, "families": list(SELECTION_FAMILIES),
-        "items_per_task": args.select_items, "seed": args.select_seed,
-    }  # fmt: skip
-    if args.select_measure != "exact":
-        spec["measure"] = args.select_measure
-    if args.select_at != "training":
-        spec["at"] = args.select_at
-    return spec
-
-
-def claim_work(work: Path, command: str, spec: dict | None) -> None:
-    """Record in ``work`` the command that trains there and its selection measure, or refuse a
-    run whose measure differs from the one recorded: a resumed run would choose among numbers
-    from two measures. A folder without a checkpoint holds nothing to mix, so its record is
-    replaced; one with a checkpoint but no record is refused (its measure is unknown)."""
-    record = work / RUN_RECORD
-    started = (work / CHECKPOINT).is_file()
-    if started and not record.is_file():
-        raise SystemExit(
-            f"{work} holds a run without {RUN_RECORD}, so its selection measure is unknown: "
-            "give another --work"
-        )
-    if started:
-        saved = json.loads(record.read_text())
-        if saved.get("selection") != spec:
-            raise SystemExit(
-                f"{work} holds a run selected by {saved.get('selection')}, this run asks "
-                f"{spec}: give another --work, or --reselect to choose among the finished "
-                "run's candidates by this measure"
-            )
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"command": command, "selection": spec}, indent=1) + "\n"
-    atomic_write(record, lambda tmp: Path(tmp).write_text(text))
-
-
-def finished_run(work: Path, steps: int) -> dict:
-    """The run record (``{}`` if none was written) of the finished run in ``work`` that
-    ``--reselect`` chooses again in; ``SystemExit`` if ``work`` holds no finished run, which
-    ``--reselect`` would otherwise train."""
-    checkpoint = work / CHECKPOINT
-    if not checkpoint.is_file():
-        raise SystemExit(f"--reselect: {work} holds no run (no {CHECKPOINT}); train it first")
-    done = torch.load(checkpoint, map_location="cpu", weights_only=True)["step"]
-    if done != steps:
-        raise SystemExit(
-            f"--reselect: the run in {work} is at step {done}, not --steps {steps}: give the "
-            f"run's own settings ({RUN_RECORD} has its command), and finish it first if it "
-            "was cut off"
-        )
-    record = work / RUN_RECORD
-    return json.loads(record.read_text()) if record.is_file() else {}
-
-
-def reselect(select, key: tuple, report, selection: dict, run: dict, cache: dict):
-    """Choose again, with ``select``, among the candidates the finished run in ``key[0]`` (its
-    work folder) saved (``report``: its training report; ``run``: its run record). Returns the
-    kept candidate's folder and ``selection`` with the new measures, what measuring took, and
-    what the run had measured and kept (``during_training``). Capacities trained at one capacity
-    share a work folder, and measured at the training budget they share a measure, so ``cache``
-    (``key``: work folder and the budget measured at -> its measured candidates, minutes)
-    measures each once."""
-    if key not in cache:
-        start = time.perf_counter()
-        candidates = CandidateSelection(select, key[0])
-        candidates.measure_saved([m["step"] for m in report.selections])
-        cache[key] = candidates, round((time.perf_counter() - start) / 60, 2)
-    candidates, minutes = cache[key]
-    kept = candidates.best_step()
-    during = {
-        "command": run.get("command"), "selection": run.get("selection"),
-        "measured": selection["measured"], "kept_step": selection["kept_step"],
-    }  # fmt: skip
-    return candidates.folder_of(kept), {
-        **selection, "measured": candidates.measured, "kept_step": kept, "minutes": minutes,
-        "during_training": during,
-    }  # fmt: skip
 
 
 def main(argv=None) -> None:
