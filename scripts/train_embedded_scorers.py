@@ -100,6 +100,8 @@ from pathlib import Path
 
 import torch
 
+# Runs from a clone without installing the package; the script's own folder holds its pieces
+# (``embedded_scorers``), which is on the path already when run as a file but not with ``-m``.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
@@ -130,9 +132,7 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
 )
 from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import tensors_sha256  # noqa: E402
-from kvpop_compile.training.selection import (  # noqa: E402
-    SELECTION_SPLITS,
-)
+from kvpop_compile.training.selection import SELECTION_SPLITS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,9 +18,9 @@ TRAINING_RECORD = "training.json"  # in a saved scorer folder: how the scorer wa
 
 def with_tensors(transformed, scorer: Path):
     """``transformed`` (a transformed model) with the saved ``scorer``'s tensors in its scorers.
-    Tensors only: load_scorer would refuse a window other than the one trained with, and running
-    a scorer at another window (--windows, --select-at saved) is this script's point; names and
-    shapes are still checked layer by layer."""
+    Tensors only: load_scorer would refuse a window other than the one trained with, and the
+    scorer scripts run scorers at other windows and budgets (--windows, --select-at saved, the
+    choice scripts); names and shapes are still checked layer by layer."""
     load_layers(
         [layer.self_attn.scorer for layer in transformed.model.layers], read_tensors(scorer)
     )
