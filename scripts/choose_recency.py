@@ -115,10 +115,11 @@ def validation_measure(model, text: dict[str, float], per_item, groups, window_t
     """The selection measures of a model: its ``text`` accuracies (:func:`text_accuracy`), their
     margins over ``window_text`` (the ``window`` policy's), and the recall measure, the mean of
     ``per_item`` (``SELECT_MEASURES["probability"]``: the probability of the exact answer) over
-    the items of ``groups`` (prefill protocol)."""
+    the items of ``groups`` (prefill protocol), with the per-item values (``recall_items``, in
+    the order of ``groups``) that :func:`lead_needed` pairs."""
     values = [v for items in groups for v in per_item(model, items, "prefill",
                                                       batch=SELECT_BATCH)]  # fmt: skip
-    return {"recall": sum(values) / len(values), "text": text,
+    return {"recall": sum(values) / len(values), "recall_items": values, "text": text,
             "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
 
 
@@ -145,9 +146,24 @@ def data_record(sequences, window_text: dict, groups, items: int, seed: int) -> 
     }  # fmt: skip
 
 
+def lead_needed(best: dict, saved: dict) -> float:
+    """How far ``best``'s recall measure must lead ``saved``'s to replace it: :data:`TIE`, or,
+    where both hold per-item values (``recall_items``, the same items in the same order), twice
+    the standard error of their paired differences if that is more. A lead inside the noise of
+    the items measured is a tie: the saved setting stays."""
+    if "recall_items" not in best or "recall_items" not in saved:
+        return TIE
+    pairs = list(zip(best["recall_items"], saved["recall_items"], strict=True))
+    if len(pairs) < 2:
+        return TIE
+    differences = torch.tensor([b - s for b, s in pairs], dtype=torch.float64)
+    return max(TIE, 2 * differences.std().item() / math.sqrt(len(pairs)))
+
+
 def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
     """The rule of the module docstring over ``measured`` (``(window, lam)`` -> ``{"recall",
-    "text_margin": {"all", "long_range"}}``, the margins over ``window``)."""
+    "text_margin": {"all", "long_range"}}``, the margins over ``window``; with
+    ``"recall_items"``, the saved setting's lead to beat is :func:`lead_needed`'s)."""
     bad = [key for key, m in measured.items() if not math.isfinite(m["recall"])]
     if bad:
         raise ValueError(f"non-finite recall measure at (window, lam) {bad}")
@@ -156,7 +172,8 @@ def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
     if not eligible:
         return max(measured, key=worst.__getitem__)
     best = max(eligible, key=lambda key: measured[key]["recall"])
-    if saved in eligible and measured[best]["recall"] - measured[saved]["recall"] <= TIE:
+    lead = measured[best]["recall"] - measured[saved]["recall"]
+    if saved in eligible and lead <= lead_needed(measured[best], measured[saved]):
         return saved
     return best
 

@@ -2,6 +2,7 @@
 text and recall."""
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -87,14 +88,13 @@ def test_every_budget_is_measured_and_the_folder_keeps_the_rules_choice(tmp_path
     assert record["measured"][0]["capacities"] == [256] * 4  # the saved budget first
     # 64 slots lose window's text; of the rest, 640 slots in layer 3 recall the most, and of its
     # two windows the wider.
-    assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444]}
+    assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444],
+                              "lam": saved.lam}  # fmt: skip
     chosen = saved_config(folder)
     assert chosen.capacities == (128, 128, 128, 640)
     assert (chosen.lam, chosen.priority_span) == (saved.lam, saved.priority_span)
     after = read_tensors(folder)
     assert all(after[name].equal(tensor) for name, tensor in before.items())
-    with pytest.raises(SystemExit, match=r"already keeps a per-layer budget \[128, 128, 128, 640"):
-        script.main([str(folder), "--layer", "3", "--others", "64", "--windows", "96"])
     # The scripts that choose a scorer's one budget refuse it by name.
     others = {"choose_recency.py": [], "choose_priority_span.py": ["--spans", "10"],
               "choose_streaming_heads.py": ["--window", "96"]}  # fmt: skip
@@ -102,6 +102,67 @@ def test_every_budget_is_measured_and_the_folder_keeps_the_rules_choice(tmp_path
         with pytest.raises(SystemExit, match=f"keeps a per-layer budget .*: {other} measures a "
                                              "scorer of one budget"):  # fmt: skip
             load_script(f"scripts/{other}").main([str(folder), *arguments])
+
+
+def _recall_with_lam(model, items, protocol, batch):
+    """``_recall``, less 100 times the recency term: the recency term costs recall."""
+    config = model.model.layers[3].self_attn.kvpop_config
+    return [value - 100 * config.lam for value in _recall(model, items, protocol, batch)]
+
+
+def _text_with_lam(model, ids, long_range) -> dict:
+    """``_text``, where layer 3 keeping more than 448 slots also needs a recency term to keep
+    window's text."""
+    config = model.model.layers[3].self_attn.kvpop_config
+    if config.capacity > 448 and config.lam == 0:
+        return {"all": 0.5, "long_range": 0.45}
+    return _text(model, ids, long_range)
+
+
+def test_the_recency_term_is_chosen_with_the_budget_and_a_shared_folder_chosen_again(
+    tmp_path, monkeypatch
+):
+    script = _script()
+    folder = copy_of_shipped_scorer(tmp_path)
+    saved = saved_config(folder)
+    assert saved.lam == 0.0005
+    monkeypatch.setattr(script, "text_accuracy", _text_with_lam)
+    monkeypatch.setitem(script.SELECT_MEASURES, "probability", _recall_with_lam)
+    script.main([str(folder), "--layer", "3", "--others", "64", "128", "192", "--windows", "192",
+                 "--lams", "0", "0.0005", "--sequences", "1", "--items", "1"])  # fmt: skip
+    record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+    measured = {(tuple(m["capacities"]), m["lam"]): m["recall"] for m in record["measured"]}
+    assert len(measured) == 1 + 3 * 2  # the saved setting, then every budget at both lams
+    assert measured[(128, 128, 128, 640), 0.0005] == pytest.approx(0.640192 - 0.05)
+    # Without the recency term layer 3 may keep 448 slots at most (0.448 recalled); with it,
+    # 640 slots recall 0.590: the joint choice keeps the term where one lam alone would not.
+    assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444],
+                              "lam": 0.0005}  # fmt: skip
+    assert record["kept_lead"]["over_saved"] == pytest.approx(0.640192 - 0.05 - 0.256192 + 0.05)
+    chosen = saved_config(folder)
+    assert (chosen.capacities, chosen.lam) == ((128, 128, 128, 640), 0.0005)
+    # Chosen again, the per-layer folder is the saved setting, measured first, and the lams
+    # must hold its own.
+    with pytest.raises(SystemExit, match="--lams 0 leaves out 0.0005, the lam the folder is"):
+        script.main([str(folder), "--layer", "3", "--others", "192", "--windows", "96",
+                     "--lams", "0"])  # fmt: skip
+    script.main([str(folder), "--layer", "3", "--others", "192", "--windows", "96", "--lams",
+                 "0", "0.0005", "--sequences", "1", "--items", "1"])  # fmt: skip
+    again = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+    assert again["capacity"] == 256
+    assert [(m["capacities"], m["lam"]) for m in again["measured"]] == [
+        ([128, 128, 128, 640], 0.0005), ([192, 192, 192, 448], 0.0), ([192, 192, 192, 448], 0.0005),
+    ]  # fmt: skip
+    assert again["kept"]["lam"] == 0.0005 and saved_config(folder) == chosen
+    assert again["replaces"]["kept"] == record["kept"]
+
+
+def test_a_total_the_layers_cannot_share_evenly_is_refused(tmp_path):
+    folder = copy_of_shipped_scorer(tmp_path, one_budget=False)
+    uneven = dataclasses.replace(saved_config(folder), topk=(16, 16, 16, 350))
+    with pytest.raises(SystemExit, match=r"keeps \[192, 192, 192, 450\] slots per layer, 1026 in"
+                                         " all, which 4 layers cannot share evenly"):  # fmt: skip
+        _script().candidates(uneven, 4, _args(folder))
 
 
 def test_the_saved_budget_stays_where_no_other_keeps_windows_text(tmp_path, monkeypatch):
@@ -114,4 +175,5 @@ def test_the_saved_budget_stays_where_no_other_keeps_windows_text(tmp_path, monk
                  "--sequences", "1", "--items", "1"])  # fmt: skip
     assert saved_config(folder) == saved
     record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
-    assert record["kept"] == {"window": [saved.window] * 4, "topk": [saved.topk] * 4}
+    assert record["kept"] == {"window": [saved.window] * 4, "topk": [saved.topk] * 4,
+                              "lam": saved.lam}  # fmt: skip

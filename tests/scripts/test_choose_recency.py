@@ -3,6 +3,7 @@ text and recall."""
 
 import dataclasses
 import json
+import statistics
 
 import pytest
 import torch
@@ -48,6 +49,34 @@ def test_best_recall_among_settings_that_keep_windows_text_else_the_closest_to_i
     with pytest.raises(ValueError, match=r"non-finite recall measure at \(window, lam\) "
                        r"\[\(96, 0.01\)\]"):  # fmt: skip
         kept({saved: _measure(0.9, 0, 0), (96, 0.01): _measure(float("nan"), 0, 0)}, saved=saved)
+
+
+def test_a_lead_inside_the_noise_of_the_paired_items_is_a_tie():
+    script = _script()
+    saved = (96, 0.0)
+    base = [0.2, 0.4, 0.6, 0.8, 0.5, 0.3]
+    noisy = [0.3, -0.28, 0.3, -0.28, 0.3, -0.28]  # a mean lead of 0.01, in noise
+    steady = [0.01] * 6  # the same mean lead on every item
+    for differences, expected in ((noisy, saved), (steady, (128, 0.0))):
+        measured = {
+            saved: {**_measure(sum(base) / 6, 0.0, 0.0), "recall_items": base},
+            (128, 0.0): {
+                **_measure(sum(b + d for b, d in zip(base, differences, strict=True)) / 6,
+                           0.01, 0.01),
+                "recall_items": [b + d for b, d in zip(base, differences, strict=True)],
+            },
+        }  # fmt: skip
+        needed = script.lead_needed(measured[128, 0.0], measured[saved])
+        assert needed == pytest.approx(max(1e-4, 2 * statistics.stdev(differences) / 6**0.5))
+        assert script.kept_setting(measured, saved=saved) == expected
+    # By hand: each noisy difference is 0.29 from their mean, so the standard deviation is
+    # 0.29 * sqrt(6 / 5) and twice the standard error 2 * 0.29 / sqrt(5).
+    noisy_lead = {"recall_items": [b + d for b, d in zip(base, noisy, strict=True)]}
+    assert script.lead_needed(noisy_lead, {"recall_items": base}) == pytest.approx(0.58 / 5**0.5)
+    # Without per-item values (choose_recency.py's own measures) the margin is the tie's.
+    assert script.lead_needed(_measure(0.5, 0, 0), _measure(0.4, 0, 0)) == 1e-4
+    with pytest.raises(ValueError):  # items that do not pair up are refused, not truncated
+        script.lead_needed({"recall_items": [0.1, 0.2]}, {"recall_items": [0.1, 0.2, 0.3]})
 
 
 @pytest.mark.parametrize(
