@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import rewrite  # noqa: E402
 from choose_recency import (  # noqa: E402
+    best_eligible,
     check_lams,
     data_record,
     kept_setting,
@@ -181,6 +182,7 @@ def main(argv=None) -> None:
               f"lam {lam:g}: {shown}", flush=True)  # fmt: skip
     first = measured_settings[0]
     kept = kept_setting(measured, first)
+    best = best_eligible(measured)  # recorded with the lead it needed, kept or not
     training_file = args.folder / TRAINING_RECORD
     record = json.loads(training_file.read_text()) if training_file.is_file() else {}
     earlier = record.pop(RECORD, None)
@@ -194,10 +196,11 @@ def main(argv=None) -> None:
                       **{name: v for name, v in m.items() if name != "recall_items"}}
                      for (w, k, lam), m in measured.items()],
         "kept": {"window": list(kept[0]), "topk": list(kept[1]), "lam": kept[2]},
-        "kept_lead": {
-            "over_saved": measured[kept]["recall"] - measured[first]["recall"],
-            "needed": lead_needed(measured[kept], measured[first]),
-        },
+        **({"best_eligible": {
+            "window": list(best[0]), "topk": list(best[1]), "lam": best[2],
+            "lead": measured[best]["recall"] - measured[first]["recall"],
+            "lead_needed": lead_needed(measured[best], measured[first]),
+        }} if best is not None else {}),
         "minutes": round((time.perf_counter() - start) / 60, 2),
         **({"replaces": earlier} if earlier else {}),
     }  # fmt: skip

@@ -164,18 +164,26 @@ def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
     """The rule of the module docstring over ``measured`` (``(window, lam)`` -> ``{"recall",
     "text_margin": {"all", "long_range"}}``, the margins over ``window``; with
     ``"recall_items"``, the saved setting's lead to beat is :func:`lead_needed`'s)."""
+    worst = {key: min(m["text_margin"].values()) for key, m in measured.items()}
+    best = best_eligible(measured)
+    if best is None:
+        return max(measured, key=worst.__getitem__)
+    lead = measured[best]["recall"] - measured[saved]["recall"]
+    if worst[saved] >= 0 and lead <= lead_needed(measured[best], measured[saved]):
+        return saved
+    return best
+
+
+def best_eligible(measured: dict[tuple, dict]) -> tuple | None:
+    """Of the settings in ``measured`` (as :func:`kept_setting` takes them) whose text margins
+    are both 0 or more, the one with the highest recall measure; ``None`` where there is none.
+    A non-finite recall measure is refused, since it would compare as neither higher nor
+    lower."""
     bad = [key for key, m in measured.items() if not math.isfinite(m["recall"])]
     if bad:
         raise ValueError(f"non-finite recall measure at (window, lam) {bad}")
-    worst = {key: min(m["text_margin"].values()) for key, m in measured.items()}
-    eligible = [key for key in measured if worst[key] >= 0]
-    if not eligible:
-        return max(measured, key=worst.__getitem__)
-    best = max(eligible, key=lambda key: measured[key]["recall"])
-    lead = measured[best]["recall"] - measured[saved]["recall"]
-    if saved in eligible and lead <= lead_needed(measured[best], measured[saved]):
-        return saved
-    return best
+    eligible = [key for key, m in measured.items() if min(m["text_margin"].values()) >= 0]
+    return max(eligible, key=lambda key: measured[key]["recall"], default=None)
 
 
 def main(argv=None) -> None:

@@ -138,7 +138,8 @@ def test_the_recency_term_is_chosen_with_the_budget_and_a_shared_folder_chosen_a
     # 640 slots recall 0.590: the joint choice keeps the term where one lam alone would not.
     assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444],
                               "lam": 0.0005}  # fmt: skip
-    assert record["kept_lead"]["over_saved"] == pytest.approx(0.640192 - 0.05 - 0.256192 + 0.05)
+    assert record["best_eligible"]["lead"] == pytest.approx(0.640192 - 0.05 - 0.256192 + 0.05)
+    assert record["best_eligible"]["lead_needed"] == 1e-4  # the same value for every item
     chosen = saved_config(folder)
     assert (chosen.capacities, chosen.lam) == ((128, 128, 128, 640), 0.0005)
     # Chosen again, the per-layer folder is the saved setting, measured first, and the lams
