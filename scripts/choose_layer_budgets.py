@@ -79,12 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="capacities of every other layer to measure")  # fmt: skip
     p.add_argument("--windows", nargs="+", type=int, required=True,
                    help="windows of --layer to measure")  # fmt: skip
-    p.add_argument(
-        "--lams",
-        nargs="+",
-        type=float,
-        help="recency terms to measure at each budget (default: the saved one)",
-    )
+    p.add_argument("--lams", nargs="+", type=float,
+                   help="recency terms to measure at each budget, the saved one among them "
+                        "(default: the saved one)")  # fmt: skip
     p.add_argument("--other-pool", type=int, default=16, help="pool slots of every other layer")
     p.add_argument("--sequences", type=int, default=24, help="validation text windows")
     p.add_argument("--items", type=int, default=16, help="recall items per family group and task")
@@ -164,7 +161,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     sequences, ids, long_range, groups = validation_data(args.sequences, args.items, args.seed)
-    even = dataclasses.replace(saved, window=capacity - saved.sinks - 1, topk=1)  # one budget
+    even = kc.KVpopConfig(sinks=saved.sinks, window=capacity - saved.sinks - 1, topk=1)
     baseline = kc.transform(load_embedded_model(path=args.model), window_policy(even))
     window_text = text_accuracy(baseline, ids, long_range)
     print(f"window @ capacity {capacity}: text {window_text}", flush=True)

@@ -83,7 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_lams(lams: list[float], saved: float) -> list[float]:
     """``lams`` as given (:func:`check_listed`: finite numbers >= 0, with the ``saved`` one)."""
     return check_listed("--lams", lams, saved, lambda lam: math.isfinite(lam) and lam >= 0,
-                        "finite numbers >= 0", "lam", show="{:g}".format)  # fmt: skip
+                        "finite numbers >= 0", "lam", show=show_lam)  # fmt: skip
+
+
+def show_lam(lam: float) -> str:
+    """``lam`` written short (``0.0005``, ``0``) where that reads back as the same number, in
+    full otherwise, so that a message never names two different lams alike."""
+    short = f"{lam:g}"
+    return short if float(short) == lam else repr(lam)
 
 
 def check_windows(windows: list[int], saved: kc.KVpopConfig) -> list[int]:
@@ -163,7 +170,10 @@ def lead_needed(best: dict, saved: dict) -> float:
 def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:
     """The rule of the module docstring over ``measured`` (``(window, lam)`` -> ``{"recall",
     "text_margin": {"all", "long_range"}}``, the margins over ``window``; with
-    ``"recall_items"``, the saved setting's lead to beat is :func:`lead_needed`'s)."""
+    ``"recall_items"``, the saved setting's lead to beat is :func:`lead_needed`'s), which must
+    hold the ``saved`` setting: every other is measured against it."""
+    if saved not in measured:
+        raise ValueError(f"the saved setting {saved} was not measured: measure it with the others")
     worst = {key: min(m["text_margin"].values()) for key, m in measured.items()}
     best = best_eligible(measured)
     if best is None:

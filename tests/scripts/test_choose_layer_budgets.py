@@ -139,23 +139,66 @@ def test_the_recency_term_is_chosen_with_the_budget_and_a_shared_folder_chosen_a
     assert record["kept"] == {"window": [108, 108, 108, 192], "topk": [16, 16, 16, 444],
                               "lam": 0.0005}  # fmt: skip
     assert record["best_eligible"]["lead"] == pytest.approx(0.640192 - 0.05 - 0.256192 + 0.05)
-    assert record["best_eligible"]["lead_needed"] == 1e-4  # the same value for every item
     chosen = saved_config(folder)
     assert (chosen.capacities, chosen.lam) == ((128, 128, 128, 640), 0.0005)
     # Chosen again, the per-layer folder is the saved setting, measured first, and the lams
-    # must hold its own.
+    # must hold its own; the window baseline keeps the same total evenly, 256 in every layer.
+    seen = []
+
+    def text_seen(model, ids, long_range):
+        seen.append((_capacities(model), model.model.layers[0].self_attn.kvpop_config.scorer))
+        return _text_with_lam(model, ids, long_range)
+
+    monkeypatch.setattr(script, "text_accuracy", text_seen)
     with pytest.raises(SystemExit, match="--lams 0 leaves out 0.0005, the lam the folder is"):
         script.main([str(folder), "--layer", "3", "--others", "192", "--windows", "96",
                      "--lams", "0"])  # fmt: skip
     script.main([str(folder), "--layer", "3", "--others", "192", "--windows", "96", "--lams",
                  "0", "0.0005", "--sequences", "1", "--items", "1"])  # fmt: skip
     again = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
-    assert again["capacity"] == 256
+    assert seen[0] == ((256,) * 4, "window") and again["capacity"] == 256
+    assert [capacities for capacities, _ in seen[1:]] == [(128, 128, 128, 640)] + [
+        (192, 192, 192, 448)
+    ] * 2
     assert [(m["capacities"], m["lam"]) for m in again["measured"]] == [
         ([128, 128, 128, 640], 0.0005), ([192, 192, 192, 448], 0.0), ([192, 192, 192, 448], 0.0005),
     ]  # fmt: skip
     assert again["kept"]["lam"] == 0.0005 and saved_config(folder) == chosen
     assert again["replaces"]["kept"] == record["kept"]
+
+
+def test_a_lead_inside_the_noise_of_the_items_keeps_the_saved_setting(tmp_path, monkeypatch):
+    script = _script()
+    items_seen = []
+
+    def recall(spread):
+        def per_item(model, items, protocol, batch):
+            """0.3 for every item at the saved lam; at lam 0, 0.01 more on average, each item
+            ``spread`` above or below that in turn."""
+            if model.model.layers[3].self_attn.kvpop_config.lam > 0:
+                items_seen.extend(items)
+                return [0.3] * len(items)
+            return [0.31 + (spread if i % 2 else -spread) for i in range(len(items))]
+
+        return per_item
+
+    monkeypatch.setattr(script, "text_accuracy", _text)
+    for spread, kept_lam in ((0.2, 0.0005), (0.0, 0.0)):
+        folder = copy_of_shipped_scorer(tmp_path / str(spread))
+        items_seen.clear()
+        monkeypatch.setitem(script.SELECT_MEASURES, "probability", recall(spread))
+        script.main([str(folder), "--layer", "3", "--others", "128", "--windows", "192",
+                     "--lams", "0", "0.0005", "--sequences", "1", "--items", "2"])  # fmt: skip
+        record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+        n = len(items_seen) // 2  # the saved setting's items, and the other budget's at its lam
+        assert n >= 4 and len(items_seen) == 2 * n
+        best = record["best_eligible"]
+        assert (best["topk"], best["lam"]) == ([16, 16, 16, 444], 0.0)
+        assert best["lead"] == pytest.approx(0.01)
+        # Each difference is 0.01 +/- spread: standard deviation spread * sqrt(n / (n - 1)).
+        noise = 2 * spread * (n / (n - 1)) ** 0.5 / n**0.5
+        assert best["lead_needed"] == pytest.approx(max(1e-4, noise))
+        assert record["kept"]["lam"] == kept_lam and saved_config(folder).lam == kept_lam
 
 
 def test_a_total_the_layers_cannot_share_evenly_is_refused(tmp_path):
