@@ -16,10 +16,17 @@ PANELS = (
 
 
 def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> None:
+    """:func:`retention_figure`, saved as a PNG at ``path``."""
+    fig = retention_figure(results, summary, kvpress)
+    fig.savefig(path, dpi=110, format="png")
+    pyplot().close(fig)
+
+
+def retention_figure(results: dict, summary: dict, kvpress: dict):
     """Retention (% of full attention's top-1 accuracy) against compression, one line per
-    method, one panel per protocol; bars are the 95% intervals."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4.2), sharey=True)
+    method, one panel per figure the run measured (:data:`PANELS`: a protocol left out draws no
+    empty panel), the legend beside the last; bars are the 95% intervals. ``ValueError`` where
+    no method has a figure to draw."""
     lines: dict[str, dict[float, object]] = {}
     for name, record in results["methods"].items():
         if record["policy"] is not None:
@@ -28,8 +35,19 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
             ]
     for (press, budget), figures in kvpress.items():
         lines.setdefault(f"kvpress {press}", {})[budget_compression(budget)] = figures
+    measured = {figure for points in lines.values() for f in points.values() for figure in f}
+    panels = [(figure, title) for figure, title in PANELS if figure in measured]
+    if not panels:
+        raise ValueError(
+            f"no method has a retention figure to plot ({', '.join(f for f, _ in PANELS)}): "
+            "run a compressing policy with the teacher_forced or compression protocol"
+        )
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), sharey=True,
+                             squeeze=False)  # fmt: skip
+    axes = axes[0]
     colours = plt.get_cmap("tab20")
-    for ax, (figure, title) in zip(axes, PANELS, strict=True):
+    for ax, (figure, title) in zip(axes, panels, strict=True):
         for index, (label, points) in enumerate(lines.items()):
             xs = sorted(x for x, f in points.items() if figure in f)
             if not xs:
@@ -50,8 +68,7 @@ def plot_retention(results: dict, summary: dict, kvpress: dict, path: Path) -> N
     axes[0].set_ylabel("retention (% of full-attention top-1 accuracy)")
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
+    return fig
 
 
 def plot_cache_memory(results: dict, path: Path) -> None:

@@ -56,6 +56,29 @@ def test_small_eval_run_writes_tables_plots_and_per_sequence_sums(small_run):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_retention_plot_draws_the_panels_the_run_measured_with_every_method_named(small_run):
+    from kvpop_compile.evaluation.quality.plots import PANELS, retention_figure
+    from kvpop_compile.evaluation.quality.report import summarize
+
+    _, result = small_run
+    every = {k: result[k] for k in ("methods", "sequences")}
+    teacher_forced = {**every, "methods": {
+        name: {k: v for k, v in record.items() if k not in ("continuation", "compression")}
+        for name, record in every["methods"].items()
+    }}  # fmt: skip
+    for results, titles in ((every, [title for _, title in PANELS]),
+                            (teacher_forced, [title for _, title in PANELS[:2]])):  # fmt: skip
+        fig = retention_figure(results, summarize(results), {})
+        assert [ax.get_title() for ax in fig.axes] == titles
+        labels = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+        assert labels == ["memory", "window"]  # full attention is the 100% every line is of
+        for ax in fig.axes:
+            assert [line.get_label() for line in ax.containers] == ["memory", "window"]
+    nothing = {**every, "methods": {"full": teacher_forced["methods"]["full"]}}
+    with pytest.raises(ValueError, match="no method has a retention figure to plot"):
+        retention_figure(nothing, summarize(nothing), {})
+
+
 def test_report_only_rewrites_from_saved_results_and_joins_kvpress(small_run, capsys):
     out, result = small_run
     press = {
