@@ -27,8 +27,9 @@ def copy_of_shipped_scorer(
 ) -> Path:
     """A copy of the shipped ``<policy>-<capacity>`` scorer folder in ``tmp_path``, for a script
     that rewrites the folder it is given. ``one_budget``: saved at the one budget it had before
-    its memory was shared between the layers (the first budget ``choose_layer_budgets.py``
-    measured), as the scripts that choose a window, recency term, span or streaming heads
+    its memory was shared between the layers, at the lam it had then (the first budget the
+    first ``choose_layer_budgets.py`` run on it measured; later runs' records keep earlier ones
+    under ``replaces``), as the scripts that choose a window, recency term, span or streaming heads
     take it; tensors unchanged."""
     from kvpop_compile.evaluation.methods import scorer_folder
 
@@ -36,8 +37,13 @@ def copy_of_shipped_scorer(
     shutil.copytree(scorer_folder(policy, capacity), folder)
     if one_budget:
         record = json.loads((folder / "training.json").read_text())["layer_budget_selection"]
+        while "replaces" in record:
+            record = record["replaces"]
         first = record["measured"][0]
         description = json.loads((folder / "scorer.json").read_text())
-        description["kvpop_config"].update(window=first["window"][0], topk=first["topk"][0])
+        # that run measured one lam (its record's) or a lam per setting (each entry's)
+        lam = first.get("lam", record["lam"])
+        description["kvpop_config"].update(window=first["window"][0], topk=first["topk"][0],
+                                           lam=lam)  # fmt: skip
         (folder / "scorer.json").write_text(json.dumps(description, indent=2) + "\n")
     return folder
