@@ -127,6 +127,11 @@ def candidates(saved: kc.KVpopConfig, layers: int, args) -> list[Budget]:
             raise SystemExit(f"--others {other} leaves no window: each other layer keeps "
                              f"{saved.sinks} sinks and {args.other_pool} pool slots")  # fmt: skip
         wide = total - other * (layers - 1)
+        if wide < saved.sinks + 2:
+            most = (total - saved.sinks - 2) // (layers - 1)
+            raise SystemExit(f"--others {other} leaves layer {args.layer} {wide} of the {total} "
+                             f"slots, too few for {saved.sinks} sinks, a window and a pool: "
+                             f"give --others {most} or less")  # fmt: skip
         for window in args.windows:
             if not 1 <= window <= wide - saved.sinks - 1:
                 raise SystemExit(f"--windows {window} must be from 1 to {wide - saved.sinks - 1}"
@@ -136,8 +141,10 @@ def candidates(saved: kc.KVpopConfig, layers: int, args) -> list[Budget]:
             topks = [args.other_pool] * layers
             windows[args.layer], topks[args.layer] = window, wide - saved.sinks - window
             budgets.append((tuple(windows), tuple(topks)))
-    if len(set(budgets)) != len(budgets):
-        raise SystemExit("--others and --windows list a budget twice")
+    if len(set(args.others)) != len(args.others) or len(set(args.windows)) != len(args.windows):
+        raise SystemExit(f"--others {' '.join(map(str, args.others))} and --windows "
+                         f"{' '.join(map(str, args.windows))} list a budget twice: give each "
+                         "value once")  # fmt: skip
     return budgets
 
 

@@ -44,7 +44,13 @@ def test_the_candidates_share_the_saved_total_between_the_layers(tmp_path):
         ({"windows": [636]}, r"--windows 636 must be from 1 to 635 \(layer 3 keeps 640 slots"),
         ({"other_pool": 0}, "--other-pool must be 1 or more, got 0"),
         ({"items": 0}, "--items must be 1 or more, got 0"),
-        ({"windows": [96, 96]}, "--others and --windows list a budget twice"),
+        ({"windows": [96, 96]}, "--others 64 128 and --windows 96 96 list a budget twice"),
+        ({"others": [64, 64]}, "--others 64 64 and --windows 96 192 list a budget twice"),
+        (
+            {"others": [400]},
+            r"--others 400 leaves layer 3 -176 of the 1024 slots, too few for 4 "
+            r"sinks, a window and a pool: give --others 339 or less",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(tmp_path, fields, message):
