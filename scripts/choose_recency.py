@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -163,8 +164,8 @@ def lead_needed(best: dict, saved: dict) -> float:
     pairs = list(zip(best["recall_items"], saved["recall_items"], strict=True))
     if len(pairs) < 2:
         return TIE
-    differences = torch.tensor([b - s for b, s in pairs], dtype=torch.float64)
-    return max(TIE, 2 * differences.std().item() / math.sqrt(len(pairs)))
+    spread = statistics.stdev(b - s for b, s in pairs)
+    return max(TIE, 2 * spread / math.sqrt(len(pairs)))
 
 
 def kept_setting(measured: dict[tuple, dict], saved: tuple) -> tuple:

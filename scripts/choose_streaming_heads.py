@@ -173,7 +173,7 @@ def main(argv=None) -> None:
     def measure_model(scored, what: str) -> dict:
         text = text_accuracy(scored, ids, long_range)
         result = validation_measure(scored, text, per_item, groups, window_text)
-        result.pop("recall_items")  # this rule compares means only; the record keeps them
+        result.pop("recall_items")  # its rule compares the means, which its record keeps
         print(f"{args.folder}: {what}: {result}", flush=True)
         return result
 
