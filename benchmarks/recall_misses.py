@@ -52,19 +52,25 @@ class Reading:
 
 def read_items(model, items) -> list[Reading]:
     """Answer ``items`` (one task and length) with ``model`` and read its caches once the answer
-    is written: each layer's ``positions (B, H, C)``, row ``b`` for item ``b`` of a batch."""
+    is written: each layer's ``positions (B, H, C)``, row ``b`` for item ``b`` of a batch. The
+    readings are in ``items``' order."""
     readings = []
-    for start in range(0, len(items), BATCH):
-        batch = items[start : start + BATCH]
+    # Items of one answer length share a batch, so that every row's cache is read just after
+    # its own answer's last token was chosen.
+    by_answer: dict[int, list[int]] = {}
+    for index, item in enumerate(items):
+        by_answer.setdefault(len(item.answer), []).append(index)
+    for rows in [r[at : at + BATCH] for r in by_answer.values() for at in range(0, len(r), BATCH)]:
+        batch = [items[i] for i in rows]
         tokens, cache = greedy_answers(model, batch, "prefill")
         for b, item in enumerate(batch):
             per_layer = [layer.state.positions[b] for layer in cache.layers]  # (H, C) each
             readings.append(Reading(
-                start + b, item.answer, bytes(tokens[b].tolist()),
+                rows[b], item.answer, bytes(tokens[b].tolist()),
                 [int(heads_holding_span(p, *item.value_span).sum()) for p in per_layer],
                 [int(heads_holding_evidence(p, item.evidence).sum()) for p in per_layer],
             ))  # fmt: skip
-    return readings
+    return sorted(readings, key=lambda reading: reading.index)
 
 
 def report(readings: list[Reading], heads: int, title: str) -> str:

@@ -19,7 +19,7 @@ from kvpop_compile.training.selection import (
 
 from .folders import with_tensors
 
-SELECT_BATCH = 16  # items answered together, at most (items of one shape share a forward)
+SELECT_BATCH = 16  # items answered together, at most
 # What a candidate is measured by, per item: its exact greedy answer (1 or 0), or the probability
 # it gives the exact answer (exact match's smooth counterpart, which ranks candidates that answer
 # the same number of items).

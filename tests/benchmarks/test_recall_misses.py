@@ -8,7 +8,7 @@ from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import TASKS, recall_items
 from kvpop_compile.evaluation.methods import Method, build_model
 from kvpop_compile.evaluation.recall.kept import heads_holding_evidence, heads_holding_span
-from kvpop_compile.evaluation.recall.protocol import RECALL_SEED, same_shape
+from kvpop_compile.evaluation.recall.protocol import RECALL_SEED
 
 recall_misses = load_script("benchmarks/recall_misses.py")
 
@@ -44,12 +44,6 @@ def test_the_report_sums_by_outcome_and_lists_each_miss():
     assert item_rows == []  # answered items get no row
 
 
-def _two_of_one_shape(items):
-    """The first two of ``items`` that share prompt and answer lengths (one batch)."""
-    rows = next(rows for rows in same_shape(items, "prefill") if len(rows) > 1)
-    return [items[i] for i in rows[:2]]
-
-
 @pytest.fixture(scope="module")
 def model():
     return load_embedded_model()
@@ -61,9 +55,11 @@ def test_a_cache_that_evicts_nothing_holds_every_value_in_every_head(model):
     window = build_model(model, Method("window", "75%"))
     heads, layers = model.config.num_key_value_heads, model.config.num_hidden_layers
     for task in TASKS:
-        batch = _two_of_one_shape(recall_items("held_out", task, 256, 16, RECALL_SEED))
+        # Items of several prompt and answer lengths: batches by answer length, read in order.
+        batch = recall_items("held_out", task, 256, 8, RECALL_SEED)
+        assert len({len(i.answer) for i in batch}) > 1 and len({len(i.prompt) for i in batch}) > 1
         readings = recall_misses.read_items(window, batch)
-        assert [r.index for r in readings] == [0, 1]
+        assert [r.index for r in readings] == list(range(8))
         assert all(r.value_heads == [heads] * layers for r in readings)
         assert all(r.evidence_heads == [heads] * layers for r in readings)
         assert [r.expected for r in readings] == [i.answer for i in batch]

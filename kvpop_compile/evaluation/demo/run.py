@@ -34,7 +34,7 @@ from ..recall.protocol import RECALL_SEED, answer_exactly, greedy_answers
 
 DEFAULT_CAPACITY = BUDGETS["88%"]
 DEFAULT_ITEMS = 8  # items per task: 24 in all, under a minute on one core of a 2-core CPU
-BATCH = 16  # items per forward, at most (items of one shape share a forward)
+BATCH = 16  # items per forward, at most
 FAMILIES = "held_out"  # the family group asked: syntaxes no training step saw
 
 
@@ -234,7 +234,7 @@ def _held_out_items(per_task: int, context: int) -> list[RecallItem]:
 
 
 def _measure(contenders: list[Contender], items: list[RecallItem], progress: bool):
-    """label -> 1/0 per item, in ``items``' order (answered in batches of one shape)."""
+    """label -> 1/0 per item, in ``items``' order (answered in batches of at most ``BATCH``)."""
     exact = {}
     with tqdm(total=len(contenders) * len(items), desc="recall", unit="item",
               disable=not progress) as bar:  # fmt: skip

@@ -112,15 +112,27 @@ def decode_stretch(length: int, max_positions: int, cap: int | None = None) -> i
     return stretch if cap is None else min(stretch, cap)
 
 
-def feed_tokens(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
+def feed_tokens(
+    model: nn.Module, ids: torch.Tensor, cache, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Continue ``cache`` with ``ids (B, T)``; next-token logits ``(B, vocab)``. A bounded
-    cache takes the tokens as prefill chunks (exactly equal to one step per token)."""
-    seen = int(cache.get_seq_length())
-    positions = torch.arange(seen, seen + ids.shape[1]).expand(ids.shape[0], -1)
+    cache takes the tokens as prefill chunks (exactly equal to one step per token).
+
+    ``mask (B, S)`` (1: token, 0: padding) covers every column fed so far, these ``T`` last, for
+    rows left-padded to one length: each row's positions count from its first token, and the
+    padding is never attended to (a bounded cache never holds it)."""
+    if mask is None:
+        seen = int(cache.get_seq_length())
+        positions = torch.arange(seen, seen + ids.shape[1]).expand(ids.shape[0], -1)
+        padding = {}
+    else:
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        padding = {"attention_mask": mask}
     out = model(
         input_ids=ids,
         position_ids=positions,
         **cache_kwargs(cache),
+        **padding,
         use_cache=True,
         logits_to_keep=1,
     )
@@ -129,61 +141,118 @@ def feed_tokens(model: nn.Module, ids: torch.Tensor, cache) -> torch.Tensor:
 
 def greedy_tokens(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> torch.Tensor:
     """``steps`` greedy tokens ``(B, steps)`` from ``logits``, continuing ``cache``."""
-    tokens = []
-    for step in range(steps):
-        token = logits.argmax(dim=-1, keepdim=True)
-        tokens.append(token)
-        if step < steps - 1:
-            logits = feed_tokens(model, token, cache)
-    return torch.cat(tokens, dim=1)
+    return _Batch(model, cache).greedy(logits, steps)
+
+
+class _Batch:
+    """Rows asked together: one cache and, where the rows were left-padded to one length, the
+    mask of every column fed so far ``(B, S)``, which each forward extends."""
+
+    def __init__(self, model: nn.Module, cache, mask: torch.Tensor | None = None):
+        self.model, self.cache, self.mask = model, cache, mask
+
+    def feed(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ``ids (B, T)`` whose own mask is ``mask (B, T)`` (None: all tokens); next-token
+        logits ``(B, vocab)``."""
+        if self.mask is not None or mask is not None:
+            own = torch.ones_like(ids) if mask is None else mask.long()
+            self.mask = own if self.mask is None else torch.cat([self.mask, own], dim=1)
+        return feed_tokens(self.model, ids, self.cache, self.mask)
+
+    def greedy(self, logits: torch.Tensor, steps: int) -> torch.Tensor:
+        """``steps`` greedy tokens ``(B, steps)`` from ``logits``, each fed in turn but the
+        last."""
+        tokens = []
+        for step in range(steps):
+            token = logits.argmax(dim=-1, keepdim=True)
+            tokens.append(token)
+            if step < steps - 1:
+                logits = self.feed(token)
+        return torch.cat(tokens, dim=1)
 
 
 def _ask(
     model: nn.Module, items: list[RecallItem], protocol: str, stretch: int
-) -> tuple[torch.Tensor, object]:
+) -> tuple[torch.Tensor, _Batch]:
     """Ask ``items`` under ``protocol``: the next-token logits ``(B, vocab)`` once the whole
-    question is in the model's cache, and that cache. ``items`` must share one shape under
-    ``protocol`` (:func:`same_shape`)."""
+    question is in the model's cache, and the batch holding that cache. Prompts of different
+    lengths are left-padded to the longest (each row then runs as it would alone); questions
+    and answers may differ in length too."""
     if protocol not in RECALL_PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(RECALL_PROTOCOLS)}; got {protocol!r}")
-    shapes = sorted({_shape(i, protocol) for i in items})
-    if len(shapes) != 1:
-        raise ValueError(
-            f"items must share one shape under the {protocol} protocol (prompt, answer and, to "
-            f"decode, question lengths), got {shapes}: ask them through answer_exactly or "
-            "answer_probability, which group them"
+    if not items:
+        raise ValueError("items must hold at least one RecallItem, got none")
+    length = max(len(i.prompt) for i in items)
+    prompts = torch.zeros(len(items), length, dtype=torch.long)  # (B, P), left-padded
+    tokens = torch.zeros(len(items), length, dtype=torch.long)  # (B, P): 1 where a prompt's
+    for row, item in enumerate(items):
+        prompts[row, length - len(item.prompt) :] = encode(item.prompt)
+        tokens[row, length - len(item.prompt) :] = 1
+    batch = _Batch(model, model_cache(model))
+    padded = bool((tokens == 0).any())
+    if protocol == "prefill":
+        return batch.feed(prompts, tokens if padded else None), batch
+    questions = torch.tensor([len(i.question) for i in items])  # (B,)
+    return _ask_after_stretch(batch, prompts, tokens if padded else None, questions, stretch), batch
+
+
+def _ask_after_stretch(
+    batch: _Batch,
+    prompts: torch.Tensor,
+    tokens: torch.Tensor | None,
+    questions: torch.Tensor,
+    stretch: int,
+) -> torch.Tensor:
+    """The decode protocol for ``prompts (B, P)`` (``tokens (B, P)``: 1 where a left-padded
+    prompt's own bytes are, None for no padding) whose question lines are ``questions (B,)``
+    bytes long: row ``b``'s prompt up to its question line (the line's leading newline included,
+    up to column ``cut_b = P - questions[b] + 1``), ``stretch`` greedy tokens, then the rest of
+    the question; the next-token logits ``(B, vocab)``. Every row's answer starts at column
+    ``P + stretch`` however its prompt is cut, so the rows go in step: the columns before the
+    first cut are one forward, then each column is one forward in which each row feeds its
+    prompt's next byte, its own greedy token or its question's next byte. A bounded cache takes
+    a prefill chunk exactly as one step per token, so each row gets what it would asked alone."""
+    length = prompts.shape[1]
+    cuts = length - questions + 1  # (B,)
+    first = int(cuts.min())
+    logits = batch.feed(prompts[:, :first], None if tokens is None else tokens[:, :first])
+    for at in range(first, length + stretch):
+        prompt_byte = prompts[:, min(at, length - 1)]
+        question_byte = prompts[:, max(at - stretch, 0)]
+        token = torch.where(
+            at < cuts,
+            prompt_byte,
+            torch.where(at < cuts + stretch, logits.argmax(dim=-1), question_byte),
         )
-    prompts = torch.stack([encode(i.prompt) for i in items])
-    cache = model_cache(model)
-    if protocol == "prefill":
-        return feed_tokens(model, prompts, cache), cache
-    # The question is the prompt's last line (its newline included, which enters before the
-    # stretch); the items share its length, so one cut serves the batch.
-    cut = len(items[0].prompt) - len(items[0].question) + 1
-    logits = feed_tokens(model, prompts[:, :cut], cache)
-    if stretch:
-        generated = greedy_tokens(model, logits, cache, stretch)
-        feed_tokens(model, generated[:, -1:], cache)  # the stretch's last token enters too
-    return feed_tokens(model, prompts[:, cut:], cache), cache
+        # A row still in its padding here has a prompt shorter than another's question.
+        own = None if tokens is None else tokens[:, min(at, length - 1)].where(at < cuts, 1)
+        logits = batch.feed(token[:, None], None if own is None else own[:, None])
+    return logits
 
 
-def _shape(item: RecallItem, protocol: str) -> tuple[int, ...]:
-    """What items asked in one batch under ``protocol`` must share: prompt and answer lengths,
-    and to decode the question's, where the prompt is cut."""
-    if protocol == "prefill":
-        return len(item.prompt), len(item.answer)
-    return len(item.prompt), len(item.question), len(item.answer)
+def _answers(items: list[RecallItem]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answers of ``items`` as ``(B, A)`` bytes, each padded with zeros to the longest
+    one's ``A``, and ``(B, A)`` True where a byte is the answer's own."""
+    longest = max(len(i.answer) for i in items)
+    answers = torch.zeros(len(items), longest, dtype=torch.long)
+    own = torch.zeros(len(items), longest, dtype=torch.bool)
+    for row, item in enumerate(items):
+        answers[row, : len(item.answer)] = encode(item.answer)
+        own[row, : len(item.answer)] = True
+    return answers, own
 
 
 @torch.no_grad()
 def greedy_answers(
     model: nn.Module, items: list[RecallItem], protocol: str, stretch: int = 0
 ) -> tuple[torch.Tensor, object]:
-    """The greedy answers ``(B, answer length)`` to ``items`` under ``protocol``, and the cache
-    as it is after the last answer token was chosen. ``items`` share one shape under
-    ``protocol`` (:func:`same_shape`; a batch of one always does)."""
-    logits, cache = _ask(model, items, protocol, stretch)
-    return greedy_tokens(model, logits, cache, len(items[0].answer)), cache
+    """The greedy answers ``(B, A)`` to ``items`` under ``protocol``, ``A`` the longest answer's
+    length, and the cache as it is after the last of those ``A`` tokens was chosen. Row ``b``'s
+    answer is its first ``len(items[b].answer)`` tokens: items of any prompt, question and
+    answer lengths are asked in one batch, each row as it would be alone (a longer answer beside
+    it does not change its tokens, each of which sees only those before it)."""
+    logits, batch = _ask(model, items, protocol, stretch)
+    return batch.greedy(logits, max(len(i.answer) for i in items)), batch.cache
 
 
 def answer_exactly(
@@ -194,34 +263,26 @@ def answer_exactly(
     batch: int | None = None,
 ) -> list[float]:
     """1.0 per item whose greedy answer is exact, else 0.0, in ``items``' order (arguments as
-    :func:`greedy_answers`, except that ``items`` may differ in question and answer length:
-    they are asked in batches of one shape each, of at most ``batch`` items; None: no limit)."""
+    :func:`greedy_answers`; the items are asked in batches of at most ``batch``, None: all in
+    one)."""
     scores: list[float] = [0.0] * len(items)
-    for rows in same_shape(items, protocol, batch):
+    for rows in batches(items, batch):
         asked = [items[i] for i in rows]
         tokens, _ = greedy_answers(model, asked, protocol, stretch)
-        answers = torch.stack([encode(i.answer) for i in asked])  # (B, A)
-        for i, hit in zip(rows, (tokens == answers).all(dim=1).tolist(), strict=True):
+        answers, own = _answers(asked)
+        hits = ((tokens == answers) | ~own).all(dim=1)
+        for i, hit in zip(rows, hits.tolist(), strict=True):
             scores[i] = float(hit)
     return scores
 
 
-def same_shape(
-    items: list[RecallItem], protocol: str = "decode", batch: int | None = None
-) -> list[list[int]]:
-    """Indices of ``items`` grouped by their shape under ``protocol`` (prompt and answer
-    lengths, and to decode the question's), in first-seen order, each group cut into runs of at
-    most ``batch`` (None: whole): the items of one run stack into one batch. The default,
-    ``decode``, groups for either protocol."""
-    if protocol not in RECALL_PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(RECALL_PROTOCOLS)}; got {protocol!r}")
+def batches(items: list, batch: int | None = None) -> list[list[int]]:
+    """Indices of ``items`` in runs of at most ``batch`` (None: one run), in order: the items
+    of one run are asked in one batch."""
     if batch is not None:
         require_int("batch", batch, 1)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, item in enumerate(items):
-        groups.setdefault(_shape(item, protocol), []).append(i)
     size = batch or max(len(items), 1)
-    return [rows[at : at + size] for rows in groups.values() for at in range(0, len(rows), size)]
+    return [list(range(at, min(at + size, len(items)))) for at in range(0, len(items), size)]
 
 
 @torch.no_grad()
@@ -236,18 +297,18 @@ def answer_probability(
     tokens of each one's probability, the earlier ones fed in (teacher forcing; arguments as
     :func:`greedy_answers`). Exact match's smooth counterpart: it moves with every change to what
     the cache holds, not only with one that flips an argmax, so it ranks policies that answer
-    the same number of items exactly. ``items`` may differ in shape and ``batch`` caps a
-    forward, as for :func:`answer_exactly`."""
+    the same number of items exactly. ``batch`` caps a forward, as for :func:`answer_exactly`."""
     scores: list[float] = [0.0] * len(items)
-    for rows in same_shape(items, protocol, batch):
+    for rows in batches(items, batch):
         asked = [items[i] for i in rows]
-        logits, cache = _ask(model, asked, protocol, stretch)
-        answers = torch.stack([encode(i.answer) for i in asked])  # (B, A)
+        logits, fed = _ask(model, asked, protocol, stretch)
+        answers, own = _answers(asked)  # (B, A) each
         steps = [logits]
         for index in range(answers.shape[1] - 1):  # one token at a time, as the greedy answer is
-            steps.append(feed_tokens(model, answers[:, index : index + 1], cache))
+            steps.append(fed.feed(answers[:, index : index + 1]))
         log_probs = torch.stack(steps, dim=1).float().log_softmax(dim=-1)  # (B, A, vocab)
         chosen = log_probs.gather(-1, answers.unsqueeze(-1)).squeeze(-1)  # (B, A)
+        chosen = chosen.masked_fill(~own, 0.0)  # a shorter answer's padding counts for nothing
         for i, p in zip(rows, chosen.sum(dim=1).exp().double().tolist(), strict=True):
             scores[i] = p
     return scores
