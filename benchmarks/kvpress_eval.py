@@ -14,8 +14,8 @@ by the same call and named by the same family groups as ``kvpop-compile eval --r
 the recall report reads the result::
 
     python benchmarks/kvpress_eval.py --recall [--items 64] [--lengths 1024,2048]
-        [--families train,held_out] [--protocols prefill,decode]
-        [--out benchmarks/results/kvpress_recall.json]
+        [--families train,held_out] [--protocols prefill,decode] [--presses snapkv,tova]
+        [--budgets 88%] [--out benchmarks/results/kvpress_recall.json]
 
 Items of one group differ in value length and question syntax, so the worker gets each group
 in parts of one shape (:func:`same_shape`) and the driver puts the answers back in item order.
@@ -222,14 +222,21 @@ def runnable_protocols(protocols, lengths, max_positions: int) -> tuple[str, ...
     return tuple(protocols)
 
 
-def recall_job(groups: dict, protocols, max_positions: int, batch: int) -> dict:
-    """The worker's recall job (without the model folder): each group's prompt and answer ids,
-    its tokens kept per budget (:data:`BUDGETS` at every length, as the recall benchmark's
-    methods keep), question cut and decode stretch."""
+def recall_job(
+    groups: dict,
+    protocols,
+    max_positions: int,
+    batch: int,
+    presses: tuple[str, ...] = PRESSES,
+    budgets: tuple[str, ...] = tuple(BUDGETS),
+) -> dict:
+    """The worker's recall job (without the model folder): ``presses`` at ``budgets``, and each
+    group's prompt and answer ids, its tokens kept per budget (:data:`BUDGETS` at every length,
+    as the recall benchmark's methods keep), question cut and decode stretch."""
     return {
         "mode": "recall",
-        "presses": list(PRESSES),
-        "budgets": list(BUDGETS),
+        "presses": list(presses),
+        "budgets": list(budgets),
         "protocols": list(protocols),
         "batch": batch,
         "decode_interval": DECODE_INTERVAL,
@@ -425,7 +432,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         config = json.loads((scratch / "model" / "config.json").read_text())
         max_positions = config["max_position_embeddings"]
         protocols = runnable_protocols(args.protocols, args.lengths, max_positions)
-        job = recall_job(groups, protocols, max_positions, args.batch)
+        job = recall_job(groups, protocols, max_positions, args.batch, args.presses, args.budgets)
         worker_result = run_worker(python, {**job, "model": str(scratch / "model")}, scratch)
     summary = summarise_recall(worker_result, groups)
     summary.update(
@@ -437,7 +444,7 @@ def run_recall(args: argparse.Namespace, python: Path) -> None:
         protocols=list(protocols),
         seed=RECALL_SEED,
         stretch={str(n): decode_stretch(n, max_positions) for n in args.lengths},
-        budgets={str(n): dict(BUDGETS) for n in args.lengths},
+        budgets={str(n): {b: BUDGETS[b] for b in args.budgets} for n in args.lengths},
         decode_interval=DECODE_INTERVAL,
         checkpoint_sha256=sha256,
         model_sha256=_weights_sha256(args.model),
@@ -490,6 +497,14 @@ def main(argv: list[str] | None = None) -> None:
         "--families", default=RECALL_FAMILIES, help="recall family groups (train,held_out)",
         type=lambda text: _names(text, FAMILY_SPLITS, "families"),
     )  # fmt: skip
+    parser.add_argument(
+        "--presses", default=PRESSES, help=f"with --recall: the presses run ({','.join(PRESSES)})",
+        type=lambda text: _names(text, PRESSES, "presses"),
+    )  # fmt: skip
+    parser.add_argument(
+        "--budgets", default=tuple(BUDGETS), type=lambda text: _names(text, tuple(BUDGETS),
+        "budgets"), help=f"with --recall: the budgets the presses keep ({','.join(BUDGETS)})",
+    )  # fmt: skip
     parser.add_argument("--batch", type=int, default=16, help="recall items per forward")
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-kvpress")
     parser.add_argument(
@@ -506,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there; give a checkpoint folder")
+    chosen = (args.presses, args.budgets) != (PRESSES, tuple(BUDGETS))
+    if chosen and not args.recall:
+        parser.error("--presses and --budgets choose among the recall runs: give --recall too")
     if args.out is None:
         name = "kvpress_recall.json" if args.recall else "kvpress.json"
         args.out = ROOT / "benchmarks/results" / name

@@ -202,6 +202,25 @@ def test_driver_asks_the_recall_benchmarks_items_by_family_group():
         assert sorted(seen) == list(range(len(items)))
 
 
+def test_the_driver_runs_the_presses_and_budgets_asked_for(tmp_path, capsys):
+    groups = recall_groups(("lookup",), (1024,), 2)
+    job = recall_job(groups, ("decode",), 2048, 2, presses=("snapkv", "tova"), budgets=("88%",))
+    assert (job["presses"], job["budgets"], job["protocols"]) == (
+        ["snapkv", "tova"], ["88%"], ["decode"]
+    )  # fmt: skip
+    for argv, message in (
+        (["--recall", "--presses", "snapkv,h2o"], "presses must be among none, snapkv, "
+         "expected_attention, tova, knorm, streaming_llm; got 'h2o'"),
+        (["--recall", "--budgets", "50%"], "budgets must be among 75%, 88%; got '50%'"),
+        (["--presses", "snapkv"], "--presses and --budgets choose among the recall runs: give "
+         "--recall too"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([*argv, "--venv", str(tmp_path / "venv")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "venv").exists()
+
+
 def test_decode_protocol_is_left_out_where_no_stretch_fits():
     assert runnable_protocols(("prefill", "decode"), (2048,), 2048) == ("prefill",)
     assert runnable_protocols(("prefill", "decode"), (1024, 2048), 2048) == ("prefill", "decode")
@@ -304,7 +323,7 @@ def test_recall_report_joins_the_presses_and_counts_them_among_the_heuristics():
     assert table.splitlines()[-1].startswith("| kvpress snapkv @ 88% | 25.0 [")
     assert (
         "`memory` at 88% ≥ 30 points ahead of the best heuristic on held-out families, "
-        "lookup@2048 (prefill): met — 75.0% against kvpress snapkv's 25.0% (+50.0 points)"
+        "lookup@2048 (prefill): met — 75.0% against kvpress snapkv's 25.0% (+50.0 points)\n"
     ) in document
     assert "kvpress snapkv at 75% (prefill): failed: RuntimeError: boom" in document
     assert "answers 4 of 4 shared items exactly, this run's full attention 3; they agree on 3" in (
@@ -341,6 +360,12 @@ def test_a_kvpress_file_that_kept_other_token_counts_is_not_compared():
     assert "kvpress snapkv @ 88%" in summarize_kvpress_recall(same, results)[0]
     # A run that kept a quarter and an eighth of a 1024-byte prompt kept half of what the
     # methods beside it keep: left out, by length and count.
+    # A run of one budget, at the methods' count, is compared at that budget.
+    one = {**same, "budgets": {"2048": {"88%": BUDGETS["88%"]}}}
+    assert "kvpress snapkv @ 88%" in summarize_kvpress_recall(one, results)[0]
+    for kept in ({"88%": BUDGETS["88%"] // 2}, {"50%": 1024}, {}):
+        other = {**same, "budgets": {"2048": kept}}
+        assert summarize_kvpress_recall(other, results)[0] == {}
     halved = {**same, "budgets": {"1024": {"75%": 256, "88%": 128}, "2048": dict(BUDGETS)}}
     summary, notes = summarize_kvpress_recall(halved, results)
     assert summary == {}

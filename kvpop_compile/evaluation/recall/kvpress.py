@@ -121,9 +121,13 @@ def summarize_kvpress_recall(kvpress: dict, results: dict) -> tuple[dict, list[s
 def _other_budgets(kvpress: dict) -> str | None:
     """A note when kvpress kept other token counts than this benchmark's methods, which keep
     :data:`~..methods.BUDGETS` at every item length (a run that kept fewer tokens at a shorter
-    length would sit beside rows that keep more), else None."""
-    other = {length: kept for length, kept in kvpress.get("budgets", {}).items()
-             if kept != BUDGETS}  # fmt: skip
+    length would sit beside rows that keep more), else None. A run of some of the budgets only
+    is compared at those."""
+    other = {
+        length: kept
+        for length, kept in kvpress.get("budgets", {}).items()
+        if not kept or any(BUDGETS.get(budget) != count for budget, count in kept.items())
+    }
     if not other:
         return None
     shown = "; ".join(f"at {length} bytes {kept}" for length, kept in sorted(other.items()))

@@ -18,6 +18,12 @@ Results are keyed ``"<families>/<task>@<length>"`` (:func:`group_key`). Two ways
 Exact match: every answer byte equals the greedy token. Results are kept per item (1 or 0), so
 any subset pools exactly and the report's bootstrap resamples items.
 
+Items differ in prompt, question and answer length (syntax families, value alphabets), yet
+share a batch: prompts are left-padded to the longest (the padding masked, and never held by a
+bounded cache), and under ``decode`` every row's answer starts at the same position (prompt,
+stretch, question), so the rows go in step, each feeding its own prompt byte, greedy token or
+question byte. Each row gets what it would asked alone (up to floating-point rounding).
+
 A run is long (an hour or more on a CPU), so methods already measured with the same settings can
 be handed back in (``done``): they are kept, not rerun, and ``on_method`` sees the results after
 each method, so that a caller can save them as it goes and a cut-off run resumes where it stopped.
@@ -184,7 +190,7 @@ def _ask(
         raise ValueError("items must hold at least one RecallItem, got none")
     length = max(len(i.prompt) for i in items)
     prompts = torch.zeros(len(items), length, dtype=torch.long)  # (B, P), left-padded
-    tokens = torch.zeros(len(items), length, dtype=torch.long)  # (B, P): 1 where a prompt's
+    tokens = torch.zeros(len(items), length, dtype=torch.long)  # (B, P): 1 on a prompt's bytes
     for row, item in enumerate(items):
         prompts[row, length - len(item.prompt) :] = encode(item.prompt)
         tokens[row, length - len(item.prompt) :] = 1
@@ -211,7 +217,8 @@ def _ask_after_stretch(
     ``P + stretch`` however its prompt is cut, so the rows go in step: the columns before the
     first cut are one forward, then each column is one forward in which each row feeds its
     prompt's next byte, its own greedy token or its question's next byte. A bounded cache takes
-    a prefill chunk exactly as one step per token, so each row gets what it would asked alone."""
+    a prefill chunk as it takes one step per token (design.md §6, invariant 2), so each row gets
+    what it would asked alone, up to floating-point rounding."""
     length = prompts.shape[1]
     cuts = length - questions + 1  # (B,)
     first = int(cuts.min())

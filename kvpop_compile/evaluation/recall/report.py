@@ -215,6 +215,10 @@ def _retention_targets(summary: dict, judged, protocol: str, in_scope) -> list[s
 def _lead_targets(summary: dict, kvpress: dict, judged, protocol: str, in_scope) -> list[str]:
     lines = []
     memory = summary.get("memory @ 88%", {}).get(protocol, {})
+    # The target counts kvpress's presses among the heuristics: where none ran in this
+    # protocol, the verdict is over the project's heuristics alone, and the line says so.
+    pressed = any(protocol in per_protocol for per_protocol in kvpress.values())
+    unpressed = "" if pressed else f"; kvpress's presses not run in the {protocol} protocol"
     for families, cell, group in judged:
         estimate = memory.get(group)
         rivals = heuristic_rivals(summary, kvpress, protocol, group)
@@ -226,7 +230,7 @@ def _lead_targets(summary: dict, kvpress: dict, judged, protocol: str, in_scope)
             f"- `memory` at 88% ≥ {LEAD_POINTS:.0f} points ahead of the best heuristic on "
             f"{GROUP_NAMES[families]}, {cell} ({protocol}): "
             f"{_verdict(at_least(margin, LEAD_POINTS))} — {100 * estimate.value:.1f}% against "
-            f"{best}'s {100 * rivals[best].value:.1f}% ({margin:+.1f} points)"
+            f"{best}'s {100 * rivals[best].value:.1f}% ({margin:+.1f} points){unpressed}"
         )
     return lines
 
