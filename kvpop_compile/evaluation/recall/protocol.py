@@ -122,7 +122,7 @@ def feed_tokens(
     model: nn.Module, ids: torch.Tensor, cache, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Continue ``cache`` with ``ids (B, T)``; next-token logits ``(B, vocab)``. A bounded
-    cache takes the tokens as prefill chunks (exactly equal to one step per token).
+    cache takes the tokens as prefill chunks (equal to one step per token, up to rounding).
 
     ``mask (B, S)`` (1: token, 0: padding) covers every column fed so far, these ``T`` last, for
     rows left-padded to one length: each row's positions count from its first token, and the
@@ -154,8 +154,9 @@ class _Batch:
     """Rows asked together: one cache and, where the rows were left-padded to one length, the
     mask of every column fed so far ``(B, S)``, which each forward extends."""
 
-    def __init__(self, model: nn.Module, cache, mask: torch.Tensor | None = None):
-        self.model, self.cache, self.mask = model, cache, mask
+    def __init__(self, model: nn.Module, cache):
+        self.model, self.cache = model, cache
+        self.mask: torch.Tensor | None = None  # (B, S) once a forward had padding
 
     def feed(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Feed ``ids (B, T)`` whose own mask is ``mask (B, T)`` (None: all tokens); next-token
