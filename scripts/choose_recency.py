@@ -51,7 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from choose_priority_span import TIE, check_listed, one_budget, rewrite  # noqa: E402
-from embedded_scorers.candidates import SELECT_BATCH, recall_selection, selection_items  # noqa: E402
+from embedded_scorers.candidates import (  # noqa: E402
+    DECODE_LENGTH,
+    recall_selection,
+    recall_values,
+    selection_items,
+)
 from embedded_scorers.folders import TRAINING_RECORD, with_tensors  # noqa: E402
 
 import kvpop_compile as kc  # noqa: E402
@@ -119,14 +124,15 @@ def text_accuracy(model, ids: torch.Tensor, long_range: torch.Tensor) -> dict[st
     return {"all": correct.mean().item(), "long_range": ((correct * lr).sum() / lr.sum()).item()}
 
 
-def validation_measure(model, text: dict[str, float], per_item, groups, window_text) -> dict:
+def validation_measure(
+    model, text: dict[str, float], per_item, groups, window_text, decode_groups=()
+) -> dict:
     """The selection measures of a model: its ``text`` accuracies (:func:`text_accuracy`), their
     margins over ``window_text`` (the ``window`` policy's), and the recall measure, the mean of
     ``per_item`` (``SELECT_MEASURES["probability"]``: the probability of the exact answer) over
-    the items of ``groups`` (prefill protocol), with the per-item values (``recall_items``, in
-    the order of ``groups``) that :func:`lead_needed` pairs."""
-    values = [v for items in groups for v in per_item(model, items, "prefill",
-                                                      batch=SELECT_BATCH)]  # fmt: skip
+    the items of ``groups`` (prefill protocol) and of ``decode_groups`` (decode protocol), with
+    the per-item values (``recall_items``, in that order) that :func:`lead_needed` pairs."""
+    values = recall_values(model, groups, per_item, decode_groups)
     return {"recall": sum(values) / len(values), "recall_items": values, "text": text,
             "text_margin": {k: text[k] - window_text[k] for k in text}}  # fmt: skip
 
@@ -141,9 +147,16 @@ def validation_data(sequences: int, items: int, seed: int):
     return windows, ids, long_range, selection_items("validation", items, seed)
 
 
-def data_record(sequences, window_text: dict, groups, items: int, seed: int) -> dict:
+def data_record(
+    sequences, window_text: dict, groups, items: int, seed: int, decode_groups=()
+) -> dict:
     """The ``text`` and ``recall`` parts of a selection record: what was measured, and the
-    ``window`` policy's text accuracy the margins are taken from."""
+    ``window`` policy's text accuracy the margins are taken from; with ``decode_groups``, the
+    ``decode`` part: the items asked in the decode protocol."""
+    decode = {} if not decode_groups else {"decode": {
+        "length": DECODE_LENGTH, "items_per_task": len(decode_groups[0]),
+        "items_sha256": items_sha256(i for group in decode_groups for i in group),
+    }}  # fmt: skip
     return {
         "text": {"sequences": [s.source for s in sequences], "protocol": "teacher_forced",
                  "window_policy": window_text},
@@ -151,6 +164,7 @@ def data_record(sequences, window_text: dict, groups, items: int, seed: int) -> 
                    "items_per_task": items, "seed": seed, "measure": "probability",
                    "protocol": "prefill",
                    "items_sha256": items_sha256(i for group in groups for i in group)},
+        **decode,
     }  # fmt: skip
 
 

@@ -31,6 +31,13 @@ names one capacity, the layers' average (the folder's name).
 split (:mod:`kvpop_compile.embedded.recall`, built from training files only): there the question
 at the end attends to a definition far back, which is what a scorer must learn to keep. Every
 sequence is one 2048-byte window or one item, so packing never cuts an item.
+``--decode-fraction`` makes that share recall items of the training split asked the decode way
+(:func:`kvpop_compile.training.recall_data.stretched_sequences`): a 1024-byte item cut before
+its question, the model's own greedy continuation filling the sequence to 2048 tokens, then the
+question and the answer. A scorer trained on them sees the tokens its model writes compete for the
+pool with the line a question will need, as in a long generation. ``--select-protocols prefill
+decode`` adds as many 1024-byte items per family group and task, asked the decode way, to the
+selection measure.
 
 ``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
 starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of the
@@ -106,7 +113,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from embedded_scorers.candidates import (  # noqa: E402
+    DECODE_LENGTH,
     SELECT_MEASURES,
+    decode_selection_items,
     recall_selection,
     reselect,
     selection_items,
@@ -130,8 +139,10 @@ from kvpop_compile.evaluation.methods import (  # noqa: E402
     budget_config,
     scorer_folder,
 )
+from kvpop_compile.evaluation.recall.protocol import RECALL_PROTOCOLS  # noqa: E402
 from kvpop_compile.fingerprints import items_sha256  # noqa: E402
 from kvpop_compile.scorer_io import tensors_sha256  # noqa: E402
+from kvpop_compile.training.recall_data import stretched_sequences  # noqa: E402
 from kvpop_compile.training.selection import SELECTION_SPLITS  # noqa: E402
 
 
@@ -151,6 +162,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--recall-fraction", type=float, default=0.0, help="share of sequences that are recall"
     )
+    p.add_argument(
+        "--decode-fraction", type=float, default=0.0,
+        help="share of sequences that are recall items asked the decode way: the model's own "
+        "continuation between the item's prompt and its question",
+    )  # fmt: skip
     p.add_argument(
         "--target", default="mean", choices=["mean", "max"],
         help="aggregate of future attention the scorers learn (mean: the design's)",
@@ -216,6 +232,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "answer, teacher-forced); a candidate's measure is the mean over the items",
     )  # fmt: skip
     p.add_argument(
+        "--select-protocols", nargs="+", default=["prefill"], choices=RECALL_PROTOCOLS,
+        help=f"the protocols the selection items are asked in (decode: {DECODE_LENGTH}-byte "
+        "items, the model's own continuation before the question)",
+    )  # fmt: skip
+    p.add_argument(
         "--select-at", default="training", choices=["training", "saved"],
         help="measure candidates at the training capacity and window, or (with --reselect) at "
         "each saved capacity and window, so that each saved scorer is chosen for its own budget",
@@ -245,21 +266,47 @@ def _windows(data: bytes) -> list[str]:
     return texts
 
 
-def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> list[str]:
-    """``sequences`` texts of one sequence each, in a seeded order: windows of training-split
-    files, and a ``recall_fraction`` share of training-split recall items (tasks in turn)."""
-    if not 0 <= recall_fraction < 1:
-        raise ValueError(f"--recall-fraction must be in [0, 1), got {recall_fraction}")
+def byte_ids(text: str) -> list[int]:
+    """The byte tokens of a training text: its UTF-8 bytes, where a byte of the model's own
+    continuation that is no UTF-8 travels in the text as a lone surrogate
+    (:func:`training_texts`), so every sequence keeps its bytes exactly."""
+    return list(text.encode("utf-8", "surrogateescape"))
+
+
+def training_texts(
+    sequences: int,
+    seed: int,
+    recall_fraction: float = 0.0,
+    decode_fraction: float = 0.0,
+    model=None,
+) -> list[str]:
+    """``sequences`` texts of one sequence each (in :func:`byte_ids`), in a seeded order:
+    windows of training-split files, a ``recall_fraction`` share of training-split recall items,
+    and a ``decode_fraction`` share of training-split items asked the decode way, their
+    continuations written by ``model`` (tasks in turn in each share)."""
+    for name, value in (("--recall-fraction", recall_fraction),
+                        ("--decode-fraction", decode_fraction)):  # fmt: skip
+        if not 0 <= value < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+    if recall_fraction + decode_fraction >= 1:
+        raise ValueError(
+            f"--recall-fraction {recall_fraction} and --decode-fraction {decode_fraction} leave "
+            "no ordinary text: their sum must be below 1"
+        )
     recall_count = round(sequences * recall_fraction)
+    decode_count = round(sequences * decode_fraction)
+    if decode_count and model is None:
+        raise ValueError("items asked the decode way need the model that continues them")
+    plain = sequences - recall_count - decode_count  # text windows fill what neither share takes
     train, _ = split_files()
     order = list(train)
     random.Random(seed).shuffle(order)
     texts: list[str] = []
     for name in order:
-        if len(texts) >= sequences - recall_count:
+        if len(texts) >= plain:
             break
         texts.extend(_windows(read_bytes(name)))
-    texts = texts[: sequences - recall_count]
+    texts = texts[:plain]
     per_task = -(-recall_count // len(TASKS))
     items = [
         recall_items("train", task, SEQUENCE_LENGTH, per_task, seed, families="train")
@@ -272,8 +319,22 @@ def training_texts(sequences: int, seed: int, recall_fraction: float = 0.0) -> l
             if len(text.encode()) == SEQUENCE_LENGTH:  # packs into exactly one sequence
                 recall.append(text)
     texts += recall[:recall_count]
+    texts += _decode_texts(decode_count, seed, model)
     random.Random(seed + 1).shuffle(texts)
     return texts
+
+
+def _decode_texts(count: int, seed: int, model) -> list[str]:
+    """``count`` training-split items of :data:`DECODE_LENGTH` bytes (tasks in turn), each with
+    ``model``'s own continuation before its question, as texts of ``SEQUENCE_LENGTH`` bytes."""
+    per_task = -(-count // len(TASKS))
+    groups = [recall_items("train", task, DECODE_LENGTH, per_task, seed, families="train")
+              for task in TASKS]  # fmt: skip
+    items = [group[i] for i in range(per_task) for group in groups][:count]
+    if not items:
+        return []
+    rows = stretched_sequences(model, items, SEQUENCE_LENGTH)
+    return [bytes(row.tolist()).decode("utf-8", "surrogateescape") for row in rows]
 
 
 def scorer_config(policy: str, capacity: int, window: int, args) -> kc.KVpopConfig:
@@ -343,7 +404,7 @@ def main(argv=None) -> None:
             "budget: train with --select-at training first, then add --reselect"
         )
     same_items = args.select_split == "train" and args.select_seed == args.seed
-    if args.select_items and args.recall_fraction and same_items:
+    if args.select_items and (args.recall_fraction or args.decode_fraction) and same_items:
         raise SystemExit(
             f"--select-seed {args.select_seed} equals --seed: the selection items would be "
             "the training items; choose another"
@@ -358,7 +419,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     train_sequences = args.steps * args.batch_size
     total = train_sequences + args.eval_sequences
-    texts = training_texts(total, args.seed, args.recall_fraction)
+    writer = load_embedded_model(path=args.model) if args.decode_fraction else None
+    texts = training_texts(total, args.seed, args.recall_fraction, args.decode_fraction, writer)
     eval_fraction = args.eval_sequences / total
     command = " ".join(["python scripts/train_embedded_scorers.py", *argv])
     spec = selection_spec(args)
@@ -368,6 +430,11 @@ def main(argv=None) -> None:
     groups = None if spec is None else selection_items(
         args.select_split, args.select_items, args.select_seed
     )  # fmt: skip
+    decode_groups = [] if spec is None or "decode" not in args.select_protocols else (
+        decode_selection_items(args.select_split, args.select_items, args.select_seed)
+    )  # fmt: skip
+    if "prefill" not in args.select_protocols:
+        groups = None if groups is None else []
     for policy in args.policies:
         for capacity, window in zip(args.capacities, windows, strict=True):
             trained_at = args.train_capacity or capacity
@@ -384,7 +451,7 @@ def main(argv=None) -> None:
             run = finished_run(work, args.steps) if args.reselect else {}
             select_config = config if args.select_at == "saved" else train_config
             select = None if groups is None else recall_selection(
-                args.model, select_config, groups, args.select_measure
+                args.model, select_config, groups, args.select_measure, decode_groups
             )  # fmt: skip
             if not args.reselect:
                 claim_work(work, command, spec)
@@ -397,12 +464,15 @@ def main(argv=None) -> None:
                 init_from=args.init_from,
             )  # fmt: skip
             report = kc.train_scorer(
-                model, texts, train_config, settings, output_dir=work, select=select
-            )
+                model, texts, train_config, settings, output_dir=work, select=select,
+                tokenizer=byte_ids,
+            )  # fmt: skip
             scorer, selection = report.scorer_path, None
             if spec is not None:
                 selection = {
-                    **spec, "items_sha256": items_sha256(i for group in groups for i in group),
+                    **spec, "items_sha256": items_sha256(
+                        i for group in [*groups, *decode_groups] for i in group
+                    ),
                     "python": platform.python_version(),
                     "measured": report.selections, "kept_step": report.selected_step,
                 }  # fmt: skip
@@ -436,9 +506,10 @@ def main(argv=None) -> None:
                 "target": args.target,
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,
+                "decode_fraction": args.decode_fraction,
                 "priority_span": args.priority_span,
                 "lam": args.lam,
-                "training_files_bytes": sum(len(t.encode()) for t in texts),
+                "training_files_bytes": sum(len(byte_ids(t)) for t in texts),
                 "init_from": starting_scorer,
                 "held_out_ranking": report.evaluations,
                 "selection": selection,

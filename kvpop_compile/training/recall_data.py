@@ -7,6 +7,11 @@ syntax families, decoys, and a question at the end whose answer is the value) in
 user's own text, tokenizes them with the run's tokenizer, and fills each sequence's start with
 ordinary text, so the item's question is the sequence's last tokens. ``TrainSettings``'s
 ``recall_fraction`` is the share of training sequences made so.
+
+:func:`stretched_sequences` asks items the decode way instead: the model's own greedy
+continuation of the prompt stands between the binding and the question, as a long generation
+would, so a scorer trained on them sees the tokens its model writes compete with the old line a
+question will need.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ import random
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
-from ..embedded.recall import TASKS, TRAINING_LENGTHS, assemble
+from ..config import require_int
+from ..embedded.corpus import encode
+from ..embedded.recall import TASKS, TRAINING_LENGTHS, RecallItem, assemble
+from ..evaluation.recall.protocol import greedy_continuations
 from .data import Tokenizer
 
 
@@ -71,3 +80,35 @@ def recall_sequences(
         start = filler[row, : seq_len - len(ids)]
         rows.append(torch.cat([start, torch.tensor(ids, dtype=torch.int64)]))
     return torch.stack(rows) if rows else filler[:0].clone()
+
+
+def stretched_sequences(
+    model: nn.Module, items: Sequence[RecallItem], seq_len: int, batch: int = 16
+) -> torch.Tensor:
+    """The decode protocol's sequences as training data, ``(len(items), seq_len)`` int64 byte
+    tokens: each item's prompt up to its question line (the line's leading newline included),
+    the model's own greedy continuation of that, then the rest of the question and the answer,
+    ``seq_len`` tokens in all, so the continuation is ``seq_len - len(prompt) - len(answer)``
+    tokens long. ``model`` (a byte-vocabulary model, full attention) writes the continuations,
+    ``batch`` items at a time.
+
+    ``ValueError`` when an item leaves no room for a continuation in ``seq_len``."""
+    require_int("seq_len", seq_len, 1)
+    require_int("batch", batch, 1)
+    for item in items:
+        if len(item.prompt) + len(item.answer) >= seq_len:
+            raise ValueError(
+                f"a {item.task} item of {len(item.prompt) + len(item.answer)} bytes leaves no "
+                f"room for a continuation in seq_len {seq_len}; use shorter items"
+            )
+    rows = []
+    for first in range(0, len(items), batch):
+        asked = items[first : first + batch]
+        cuts = [len(i.prompt) - len(i.question) + 1 for i in asked]
+        stretches = [seq_len - len(i.prompt) - len(i.answer) for i in asked]
+        contexts = [encode(i.prompt[:cut]) for i, cut in zip(asked, cuts, strict=True)]
+        written = greedy_continuations(model, contexts, max(stretches))  # (B, max stretch)
+        for row, (item, cut, stretch) in enumerate(zip(asked, cuts, stretches, strict=True)):
+            rest = encode(item.prompt[cut:] + item.answer)
+            rows.append(torch.cat([contexts[row], written[row, :stretch], rest]))
+    return torch.stack(rows) if rows else torch.zeros(0, seq_len, dtype=torch.long)

@@ -10,7 +10,11 @@ import kvpop_compile as kc
 from kvpop_compile.embedded import load_embedded_model
 from kvpop_compile.embedded.recall import RecallItem
 from kvpop_compile.evaluation.data import SEQUENCE_LENGTH
-from kvpop_compile.evaluation.recall.protocol import answer_exactly, answer_probability
+from kvpop_compile.evaluation.recall.protocol import (
+    answer_exactly,
+    answer_probability,
+    decode_stretch,
+)
 from kvpop_compile.training.selection import (
     SELECTION_FAMILIES,
     CandidateSelection,
@@ -24,6 +28,9 @@ SELECT_BATCH = 16  # items answered together, at most
 # it gives the exact answer (exact match's smooth counterpart, which ranks candidates that answer
 # the same number of items).
 SELECT_MEASURES = {"exact": answer_exactly, "probability": answer_probability}
+# The decode protocol's items: as long as the benchmark's decode rows, so that the model's own
+# continuation fills the other half of the training sequence's 2048 positions before the question.
+DECODE_LENGTH = 1024
 
 
 def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallItem]]:
@@ -33,13 +40,37 @@ def selection_items(split: str, per_task: int, seed: int) -> list[list[RecallIte
     return recall_selection_items(split, per_task, seed, SEQUENCE_LENGTH)
 
 
+def decode_selection_items(split: str, per_task: int, seed: int) -> list[list[RecallItem]]:
+    """As :func:`selection_items`, but items of :data:`DECODE_LENGTH` bytes, asked in the decode
+    protocol."""
+    return recall_selection_items(split, per_task, seed, DECODE_LENGTH)
+
+
+def recall_values(model, groups, per_item, decode_groups=()) -> list[float]:
+    """``per_item``'s value (:data:`SELECT_MEASURES`) for each item of ``groups``, asked in the
+    prefill protocol, then for each item of ``decode_groups``, asked in the decode protocol (the
+    model's own continuation filling its positions to twice the item's length, as in the
+    benchmark), in that order."""
+    values = [v for items in groups for v in per_item(model, items, "prefill", batch=SELECT_BATCH)]
+    positions = model.config.max_position_embeddings
+    for items in decode_groups:
+        stretch = decode_stretch(items[0].context_length, positions)
+        values += per_item(model, items, "decode", stretch, batch=SELECT_BATCH)
+    return values
+
+
 def recall_selection(
-    model_path, config: kc.KVpopConfig, groups: list[list[RecallItem]], measure: str = "exact"
+    model_path,
+    config: kc.KVpopConfig,
+    groups: list[list[RecallItem]],
+    measure: str = "exact",
+    decode_groups: list[list[RecallItem]] = (),
 ):
     """A ``select`` measure for :func:`kvpop_compile.train_scorer`: the mean over the items of
-    ``groups`` (:func:`selection_items`) of :data:`SELECT_MEASURES` ``[measure]`` (the share
-    answered exactly, or the mean probability of the exact answer) for a candidate scorer loaded
-    into the model transformed with ``config`` (prefill protocol)."""
+    ``groups`` (:func:`selection_items`, prefill protocol) and of ``decode_groups``
+    (:func:`decode_selection_items`, decode protocol) of :data:`SELECT_MEASURES` ``[measure]``
+    (the share answered exactly, or the mean probability of the exact answer) for a candidate
+    scorer loaded into the model transformed with ``config``."""
     per_item = SELECT_MEASURES[measure]
 
     @functools.cache  # made at the first measure: a resumed, finished run measures nothing
@@ -47,12 +78,7 @@ def recall_selection(
         return kc.transform(load_embedded_model(path=model_path), config)
 
     def select(folder: Path) -> float:
-        model = with_tensors(transformed(), folder)
-        values = [
-            value
-            for items in groups
-            for value in per_item(model, items, "prefill", batch=SELECT_BATCH)
-        ]
+        values = recall_values(with_tensors(transformed(), folder), groups, per_item, decode_groups)
         return sum(values) / len(values)
 
     return select
@@ -60,8 +86,9 @@ def recall_selection(
 
 def selection_spec(args) -> dict | None:
     """The run's selection measure: its split, family groups, items per family group and task,
-    and seed, and its per-item measure and where it measures when not the defaults (exact, at
-    the training budget: what a record without them, written before they existed, measured).
+    and seed, and its per-item measure, where it measures and its protocols when not the
+    defaults (exact, at the training budget, prefill: what a record without them, written
+    before they existed, measured).
     None: no selection. A record without family groups measured items that had none, so a run
     recorded with one is not resumed with the other."""
     if not args.select_items:
@@ -74,6 +101,9 @@ def selection_spec(args) -> dict | None:
         spec["measure"] = args.select_measure
     if args.select_at != "training":
         spec["at"] = args.select_at
+    if "decode" in args.select_protocols:
+        spec["protocols"] = list(args.select_protocols)
+        spec["decode_length"] = DECODE_LENGTH
     return spec
 
 

@@ -15,6 +15,7 @@ from kvpop_compile.evaluation.methods import budget_config, scorer_folder
 from kvpop_compile.evaluation.recall.protocol import answer_probability
 from kvpop_compile.fingerprints import items_sha256
 from kvpop_compile.scorer_io import read_tensors, saved_config, tensors_sha256
+from kvpop_compile.training.recall_data import stretched_sequences
 
 
 def _script():
@@ -304,3 +305,48 @@ def test_a_scorer_trained_at_a_per_layer_budget_is_saved_at_it(tmp_path):
     trained = tmp_path / "work" / "mlp-60w40-60w40-60w40-332w96" / "scorer"
     assert saved_config(trained) == saved_config(folder)
     kc.load_scorer(kc.transform(load_embedded_model(), saved_config(folder)), folder)
+
+
+def test_decode_items_hold_the_models_own_continuation_and_select_in_both_protocols(
+    tmp_path, monkeypatch
+):
+    module = _script()
+    written = []
+
+    def stretched(model, items, seq_len):
+        rows = stretched_sequences(model, items, seq_len)
+        written.append((items, rows))
+        return rows
+
+    monkeypatch.setattr(module, "stretched_sequences", stretched)
+    model = load_embedded_model()
+    texts = module.training_texts(8, 5, 0.25, 0.25, model)
+    # Two plain windows' worth of shares: 2 recall items, 2 decode items, 4 text windows; every
+    # one exactly one 2048-token sequence, the continuation's bytes kept exactly.
+    assert len(texts) == 8 and all(len(module.byte_ids(t)) == 2048 for t in texts)
+    ((items, rows),) = written
+    assert items == [recall_items("train", task, 1024, 1, 5, families="train")[0]
+                     for task in TASKS[:2]]  # fmt: skip
+    ids = [module.byte_ids(t) for t in texts]
+    assert sum(row.tolist() in ids for row in rows) == 2
+    # Without decode items the same seed gives the same recall items and windows as before.
+    plain = module.training_texts(8, 5, 0.25)
+    assert sum(t in texts for t in plain) == 6
+    refused = [((0.5, 0.5), "leave no ordinary text"),
+               ((0.0, 1.0), r"--decode-fraction must be in \[0, 1\), got 1.0")]  # fmt: skip
+    for fractions, message in refused:
+        with pytest.raises(ValueError, match=message):
+            module.training_texts(8, 5, *fractions, model)
+    with pytest.raises(ValueError, match="need the model that continues them"):
+        module.training_texts(8, 5, 0.0, 0.25)
+
+
+def test_the_selection_spec_names_the_decode_protocol():
+    module = _script()
+    spec = module.selection_spec(module.parse_args(["--select-items", "2"]))
+    assert "protocols" not in spec  # the prefill protocol alone: as records before it existed
+    args = module.parse_args(["--select-items", "2", "--select-protocols", "prefill", "decode"])
+    assert module.selection_spec(args)["protocols"] == ["prefill", "decode"]
+    assert module.selection_spec(args)["decode_length"] == 1024
+    with pytest.raises(SystemExit):
+        module.parse_args(["--select-protocols", "teacher_forced"])

@@ -98,3 +98,53 @@ def test_cli_train_mixes_recall_items_into_the_users_data(tmp_path, capsys):
     assert settings["recall_fraction"] == 0.25
     assert main([*args, "--recall-fraction", "1", "--no-resume"]) == 2
     assert "recall_fraction must be in [0, 1), got 1.0" in capsys.readouterr().err
+
+
+def _plain_greedy(model, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` greedy tokens after ``ids (P,)``, each from a whole forward without a cache: an
+    oracle for the batched, cached continuation."""
+    for _ in range(steps):
+        logits = model(input_ids=ids[None], use_cache=False).logits[0, -1]
+        ids = torch.cat([ids, logits.argmax()[None]])
+    return ids
+
+
+def test_stretched_sequences_put_the_models_own_continuation_before_the_question():
+    """Items of several tasks (prompts, questions and answers of different lengths) asked in one
+    batch: each row is the item's prompt up to its question line, the model's greedy
+    continuation of that alone, then the question's rest and the answer, ``seq_len`` in all."""
+    from tiny_models import tiny_qwen3
+
+    from kvpop_compile.embedded.corpus import encode
+    from kvpop_compile.training.recall_data import stretched_sequences
+
+    model = tiny_qwen3(seed=3, dtype=torch.float64)  # float64: near-ties cannot flip an argmax
+    items = [assemble(TEXT, task, 512, random.Random(f"stretch/{n}"))
+             for n, task in enumerate(["lookup", "multi_key", "chain", "lookup"])]  # fmt: skip
+    assert len({len(i.question) for i in items}) > 1 and len({len(i.answer) for i in items}) > 1
+    seq_len = 560
+    rows = stretched_sequences(model, items, seq_len, batch=3)
+    assert rows.shape == (4, seq_len) and rows.dtype == torch.int64
+    for row, item in zip(rows, items, strict=True):
+        cut = len(item.prompt) - len(item.question) + 1
+        stretch = seq_len - len(item.prompt) - len(item.answer)
+        expected = torch.cat([
+            _plain_greedy(model, encode(item.prompt[:cut]), stretch),
+            encode(item.prompt[cut:] + item.answer),
+        ])  # fmt: skip
+        assert torch.equal(row, expected)
+    # The continuations are the model's: another model writes other ones.
+    other = stretched_sequences(tiny_qwen3(seed=4, dtype=torch.float64), items, seq_len)
+    assert not torch.equal(other, rows)
+
+
+def test_stretched_sequences_refuse_items_that_leave_no_room():
+    from tiny_models import tiny_qwen3
+
+    from kvpop_compile.training.recall_data import stretched_sequences
+
+    item = assemble(TEXT, "lookup", 512, random.Random("room"))
+    with pytest.raises(ValueError, match=r"512 bytes leaves no room .* seq_len 512"):
+        stretched_sequences(tiny_qwen3(), [item], 512)
+    with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):
+        stretched_sequences(tiny_qwen3(), [item], 600, batch=0)

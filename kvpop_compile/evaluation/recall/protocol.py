@@ -150,6 +150,25 @@ def greedy_tokens(model: nn.Module, logits: torch.Tensor, cache, steps: int) -> 
     return _Batch(model, cache).greedy(logits, steps)
 
 
+@torch.no_grad()
+def greedy_continuations(model: nn.Module, prompts: list[torch.Tensor], steps: int) -> torch.Tensor:
+    """The model's ``steps`` greedy tokens ``(B, steps)`` after each of ``prompts`` (token ids
+    ``(P_b,)`` of any lengths, one batch: left-padded to the longest, each row continues as it
+    would alone, up to floating-point rounding)."""
+    if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty 1-D token id tensors")
+    require_int("steps", steps, 1)
+    length = max(p.numel() for p in prompts)
+    ids = torch.zeros(len(prompts), length, dtype=torch.long)  # (B, P), left-padded
+    own = torch.zeros(len(prompts), length, dtype=torch.long)  # (B, P): 1 on a prompt's tokens
+    for row, prompt in enumerate(prompts):
+        ids[row, length - prompt.numel() :] = prompt
+        own[row, length - prompt.numel() :] = 1
+    batch = _Batch(model, model_cache(model))
+    logits = batch.feed(ids, own if bool((own == 0).any()) else None)
+    return batch.greedy(logits, steps)
+
+
 class _Batch:
     """Rows asked together: one cache and, where the rows were left-padded to one length, the
     mask of every column fed so far ``(B, S)``, which each forward extends."""
