@@ -94,7 +94,7 @@ def test_a_finished_run_is_chosen_again_by_another_measure(tmp_path, monkeypatch
         splits.append(split)
         return [[] for _ in TASKS]
 
-    def selection(model_path, config, groups, measure):
+    def selection(model_path, config, groups, measure, decode_groups=()):
         split = splits[-1]  # training measures tie (the later step is kept); validation wants 0
         return lambda folder: 0.5 if split == "train" else float(folder.name == "step-000000")
 
@@ -163,7 +163,7 @@ def test_each_saved_budget_is_chosen_again_on_its_own_by_answer_probability(tmp_
     module = _script()
     measured = []  # (capacity, window, per-item measure, step) of every candidate measured
 
-    def selection(model_path, config, groups, measure="exact"):
+    def selection(model_path, config, groups, measure="exact", decode_groups=()):
         capacity = config.sinks + config.window + config.topk
 
         def select(folder):
