@@ -37,7 +37,8 @@ its question, the model's own greedy continuation filling the sequence to 2048 t
 question and the answer. A scorer trained on them sees the tokens its model writes compete for the
 pool with the line a question will need, as in a long generation. ``--select-protocols prefill
 decode`` adds as many 1024-byte items per family group and task, asked the decode way, to the
-selection measure.
+selection measure. The shipped scorers use neither: on the embedded model a
+scorer trained so recalled less (docs/experiments.md, 2026-12-07).
 
 ``--init-from FOLDER`` starts each scorer from a saved one (a ``memory`` scorer from an ``mlp``
 starts as exactly that ``mlp``, its memory read at zero weight). ``--select-items N`` keeps, of the
