@@ -5,7 +5,7 @@
 
 ``FOLDER``'s budget (one, or one per layer), recency term and span stay as saved; what may
 change is the trained tensors. Both ``FOLDER``'s own tensors and ``--candidate``'s are measured
-at ``FOLDER``'s saved configuration on the validation measures of ``choose_recency.py``: text
+at ``FOLDER``'s saved configuration on the validation measures of ``choose_layer_budgets.py``: text
 beside the ``window`` policy at the saved total's capacity in every layer (the benchmark's
 baseline), all targets and long-range ones; and the recall measure, the mean probability of the
 exact answer on ``--items`` validation items per family group and task in the prefill protocol,
@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from choose_layer_budgets import even_capacity  # noqa: E402
 from choose_recency import (  # noqa: E402
     data_record,
-    kept_setting,
     lead_needed,
     text_accuracy,
     validation_data,
@@ -57,7 +56,20 @@ from kvpop_compile.scorer_io import saved_config, saved_shape, tensors_sha256  #
 from kvpop_compile.training.warm_start import warm_start  # noqa: E402
 
 RECORD = "tensor_selection"
-SAVED, CANDIDATE = ("saved",), ("candidate",)  # the two settings the rule compares
+SAVED, CANDIDATE = "saved", "candidate"  # the two tensors the rule compares
+
+
+def kept_tensors(measured: dict[str, dict]) -> str:
+    """The rule of the module docstring over ``measured`` (:data:`SAVED` and :data:`CANDIDATE`
+    -> ``{"recall", "recall_items", "text_margin": {"all", "long_range"}}``, the margins over
+    ``window``): the candidate only if both its margins are 0 or more and its recall measure
+    leads the saved one's by more than :func:`choose_recency.lead_needed`. Whether the saved
+    tensors keep ``window``'s text does not matter: a candidate must earn its place on both
+    measures either way."""
+    candidate, saved = measured[CANDIDATE], measured[SAVED]
+    keeps_text = min(candidate["text_margin"].values()) >= 0
+    lead = candidate["recall"] - saved["recall"]
+    return CANDIDATE if keeps_text and lead > lead_needed(candidate, saved) else SAVED
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -125,8 +137,8 @@ def main(argv=None) -> None:
         measured[key] = validation_measure(model, text, SELECT_MEASURES["probability"], groups,
                                            window_text, decode_groups)  # fmt: skip
         shown = {k: v for k, v in measured[key].items() if k != "recall_items"}
-        print(f"{args.folder}, {key[0]} tensors: {shown}", flush=True)
-    kept = kept_setting(measured, SAVED)
+        print(f"{args.folder}, {key} tensors: {shown}", flush=True)
+    kept = kept_tensors(measured)
     training_file = args.folder / TRAINING_RECORD
     record = json.loads(training_file.read_text()) if training_file.is_file() else {}
     earlier = record.pop(RECORD, None)
@@ -135,13 +147,13 @@ def main(argv=None) -> None:
         "capacity": capacity,
         **data_record(sequences, window_text, groups, args.items, args.seed, decode_groups),
         "python": platform.python_version(),
-        "measured": [{"tensors": key[0], "tensors_sha256": tensors_sha256(path),
+        "measured": [{"tensors": key, "tensors_sha256": tensors_sha256(path),
                       **{name: v for name, v in m.items() if name != "recall_items"}}
                      for (key, m), path in zip(measured.items(), (args.folder, args.candidate),
                                                strict=True)],
         "lead": measured[CANDIDATE]["recall"] - measured[SAVED]["recall"],
         "lead_needed": lead_needed(measured[CANDIDATE], measured[SAVED]),
-        "kept": kept[0],
+        "kept": kept,
         "minutes": round((time.perf_counter() - start) / 60, 2),
         **({"replaces": earlier} if earlier else {}),
     }  # fmt: skip
@@ -156,7 +168,7 @@ def main(argv=None) -> None:
 
     replace_folder(args.folder, build)
     print(
-        f"{args.folder}: kept the {kept[0]} tensors (lead {record[RECORD]['lead']:+.4f}, "
+        f"{args.folder}: kept the {kept} tensors (lead {record[RECORD]['lead']:+.4f}, "
         f"needed {record[RECORD]['lead_needed']:.4f})"
     )
 

@@ -274,6 +274,20 @@ def byte_ids(text: str) -> list[int]:
     return list(text.encode("utf-8", "surrogateescape"))
 
 
+def check_fractions(recall_fraction: float, decode_fraction: float) -> None:
+    """``ValueError`` naming a share of recall items or decode items outside [0, 1), or two
+    that leave no ordinary text."""
+    for name, value in (("--recall-fraction", recall_fraction),
+                        ("--decode-fraction", decode_fraction)):  # fmt: skip
+        if not 0 <= value < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {value}")
+    if recall_fraction + decode_fraction >= 1:
+        raise ValueError(
+            f"--recall-fraction {recall_fraction} and --decode-fraction {decode_fraction} leave "
+            "no ordinary text: their sum must be below 1"
+        )
+
+
 def training_texts(
     sequences: int,
     seed: int,
@@ -285,15 +299,7 @@ def training_texts(
     windows of training-split files, a ``recall_fraction`` share of training-split recall items,
     and a ``decode_fraction`` share of training-split items asked the decode way, their
     continuations written by ``model`` (tasks in turn in each share)."""
-    for name, value in (("--recall-fraction", recall_fraction),
-                        ("--decode-fraction", decode_fraction)):  # fmt: skip
-        if not 0 <= value < 1:
-            raise ValueError(f"{name} must be in [0, 1), got {value}")
-    if recall_fraction + decode_fraction >= 1:
-        raise ValueError(
-            f"--recall-fraction {recall_fraction} and --decode-fraction {decode_fraction} leave "
-            "no ordinary text: their sum must be below 1"
-        )
+    check_fractions(recall_fraction, decode_fraction)
     recall_count = round(sequences * recall_fraction)
     decode_count = round(sequences * decode_fraction)
     if decode_count and model is None:
@@ -420,6 +426,10 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     train_sequences = args.steps * args.batch_size
     total = train_sequences + args.eval_sequences
+    try:
+        check_fractions(args.recall_fraction, args.decode_fraction)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     writer = load_embedded_model(path=args.model) if args.decode_fraction else None
     texts = training_texts(total, args.seed, args.recall_fraction, args.decode_fraction, writer)
     eval_fraction = args.eval_sequences / total

@@ -102,7 +102,7 @@ def selection_spec(args) -> dict | None:
     if args.select_at != "training":
         spec["at"] = args.select_at
     if "decode" in args.select_protocols:
-        spec["protocols"] = list(args.select_protocols)
+        spec["protocols"] = list(dict.fromkeys(args.select_protocols))  # each once, in order
         spec["decode_length"] = DECODE_LENGTH
     return spec
 

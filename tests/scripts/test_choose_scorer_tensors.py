@@ -147,3 +147,29 @@ def test_a_candidate_that_cannot_stand_for_the_folders_kind_is_refused_by_name(t
         _script().main([str(folder), "--candidate", str(candidate)])
     with pytest.raises(SystemExit, match="--decode-items must be 0 or more, got -1"):
         _script().main([str(folder), "--candidate", str(candidate), "--decode-items", "-1"])
+
+
+@pytest.mark.parametrize(
+    "saved_margin, candidate_margin, candidate_recall, kept",
+    [
+        (
+            -0.01,
+            0.0,
+            0.1,
+            "saved",
+        ),  # the saved tensors miss window's text; the candidate recalls less
+        (-0.01, -0.001, 0.9, "saved"),  # both miss it: the candidate has not earned its place
+        (0.01, -0.001, 0.9, "saved"),  # recalls more, gives up text
+        (-0.01, 0.0, 0.31, "candidate"),  # keeps text exactly and leads past the tie
+        (0.01, 0.02, 0.30005, "saved"),  # a lead inside the tie
+    ],
+)
+def test_the_candidate_needs_windows_text_and_a_lead_whatever_the_saved_tensors_keep(
+    saved_margin, candidate_margin, candidate_recall, kept
+):
+    def measure(recall, margin):
+        return {"recall": recall, "text_margin": {"all": 0.0, "long_range": margin}}
+
+    measured = {"saved": measure(0.3, saved_margin),
+                "candidate": measure(candidate_recall, candidate_margin)}  # fmt: skip
+    assert _script().kept_tensors(measured) == kept

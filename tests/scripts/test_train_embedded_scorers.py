@@ -339,6 +339,8 @@ def test_decode_items_hold_the_models_own_continuation_and_select_in_both_protoc
             module.training_texts(8, 5, *fractions, model)
     with pytest.raises(ValueError, match="need the model that continues them"):
         module.training_texts(8, 5, 0.0, 0.25)
+    with pytest.raises(SystemExit, match=r"--decode-fraction must be in \[0, 1\), got 1.5"):
+        module.main(["--decode-fraction", "1.5"])  # refused before any model is loaded
 
 
 def test_the_selection_spec_names_the_decode_protocol():
@@ -348,5 +350,7 @@ def test_the_selection_spec_names_the_decode_protocol():
     args = module.parse_args(["--select-items", "2", "--select-protocols", "prefill", "decode"])
     assert module.selection_spec(args)["protocols"] == ["prefill", "decode"]
     assert module.selection_spec(args)["decode_length"] == 1024
+    twice = ["--select-items", "2", "--select-protocols", "decode", "prefill", "decode"]
+    assert module.selection_spec(module.parse_args(twice))["protocols"] == ["decode", "prefill"]
     with pytest.raises(SystemExit):
         module.parse_args(["--select-protocols", "teacher_forced"])

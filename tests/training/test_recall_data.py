@@ -110,24 +110,26 @@ def _plain_greedy(model, ids: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 def test_stretched_sequences_put_the_models_own_continuation_before_the_question():
-    """Items of several tasks (prompts, questions and answers of different lengths) asked in one
-    batch: each row is the item's prompt up to its question line, the model's greedy
-    continuation of that alone, then the question's rest and the answer, ``seq_len`` in all."""
+    """Items of several tasks and lengths (prompts, questions, answers and continuations of
+    different lengths) asked in one batch: each row is the item's prompt up to its question
+    line, the model's greedy continuation of that alone, then the question's rest and the
+    answer, ``seq_len`` in all."""
     from tiny_models import tiny_qwen3
 
     from kvpop_compile.embedded.corpus import encode
     from kvpop_compile.training.recall_data import stretched_sequences
 
     model = tiny_qwen3(seed=3, dtype=torch.float64)  # float64: near-ties cannot flip an argmax
-    items = [assemble(TEXT, task, 512, random.Random(f"stretch/{n}"))
-             for n, task in enumerate(["lookup", "multi_key", "chain", "lookup"])]  # fmt: skip
+    shapes = [("lookup", 1024), ("multi_key", 512), ("chain", 512), ("lookup", 512)]
+    items = [assemble(TEXT, task, length, random.Random(f"stretch/{n}"))
+             for n, (task, length) in enumerate(shapes)]  # fmt: skip
     assert len({len(i.question) for i in items}) > 1 and len({len(i.answer) for i in items}) > 1
-    seq_len = 560
+    seq_len = 1100
     rows = stretched_sequences(model, items, seq_len, batch=3)
     assert rows.shape == (4, seq_len) and rows.dtype == torch.int64
     for row, item in zip(rows, items, strict=True):
-        cut = len(item.prompt) - len(item.question) + 1
-        stretch = seq_len - len(item.prompt) - len(item.answer)
+        cut = item.prompt.rindex(b"\n") + 1  # the question line's newline stays before the stretch
+        stretch = seq_len - len(item.prompt) - len(item.answer)  # 76 or 588 here
         expected = torch.cat([
             _plain_greedy(model, encode(item.prompt[:cut]), stretch),
             encode(item.prompt[cut:] + item.answer),

@@ -155,8 +155,15 @@ def greedy_continuations(model: nn.Module, prompts: list[torch.Tensor], steps: i
     """The model's ``steps`` greedy tokens ``(B, steps)`` after each of ``prompts`` (token ids
     ``(P_b,)`` of any lengths, one batch: left-padded to the longest, each row continues as it
     would alone, up to floating-point rounding)."""
-    if not prompts or any(p.dim() != 1 or p.numel() == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty 1-D token id tensors")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt, got none")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, torch.Tensor):
+            raise TypeError(f"prompts[{index}] must be a tensor of token ids, got "
+                            f"{type(prompt).__name__}")  # fmt: skip
+        if prompt.dim() != 1 or prompt.numel() == 0:
+            raise ValueError(f"prompts[{index}] must be a non-empty 1-D tensor of token ids, "
+                             f"got shape {tuple(prompt.shape)}")  # fmt: skip
     require_int("steps", steps, 1)
     length = max(p.numel() for p in prompts)
     ids = torch.zeros(len(prompts), length, dtype=torch.long)  # (B, P), left-padded

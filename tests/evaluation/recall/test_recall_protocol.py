@@ -345,3 +345,18 @@ def test_the_settings_record_fingerprints_the_items_asked_and_names_the_family_g
     assert other["items_sha256"] != record["items_sha256"]
     trained = recall_settings_record(dataclasses.replace(settings, families=("train",)), 2048)
     assert trained["families"] == ["train"] and trained["items_sha256"] == items_sha256(asked[0])
+
+
+def test_greedy_continuations_name_the_prompt_they_refuse():
+    from kvpop_compile.evaluation.recall.protocol import greedy_continuations
+
+    model = tiny_qwen3()
+    good = torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match="prompts must hold at least one prompt, got none"):
+        greedy_continuations(model, [], 2)
+    with pytest.raises(TypeError, match=r"prompts\[1\] must be a tensor of token ids, got list"):
+        greedy_continuations(model, [good, [1, 2]], 2)
+    with pytest.raises(ValueError, match=r"prompts\[1\] must be a non-empty 1-D .* shape \(1, 2\)"):
+        greedy_continuations(model, [good, torch.tensor([[1, 2]])], 2)
+    with pytest.raises(ValueError, match="steps must be an integer >= 1, got 0"):
+        greedy_continuations(model, [good], 0)
