@@ -119,7 +119,9 @@ def main(argv=None) -> None:
     saved = saved_config(args.folder)
     layers = saved_shape(args.folder)["num_layers"]
     capacity = even_capacity(saved, layers, args.folder)
-    scored(saved, args.folder, args.candidate, args.model)  # refuse a bad candidate first
+    # Built before any measure, so that a candidate of the wrong kind is refused at once.
+    models = {SAVED: scored(saved, args.folder, None, args.model),
+              CANDIDATE: scored(saved, args.folder, args.candidate, args.model)}  # fmt: skip
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     sequences, ids, long_range, groups = validation_data(args.sequences, args.items, args.seed)
@@ -131,8 +133,7 @@ def main(argv=None) -> None:
                                              window_policy(even)), ids, long_range)  # fmt: skip
     print(f"window @ capacity {capacity}: text {window_text}", flush=True)
     measured = {}
-    for key, candidate in ((SAVED, None), (CANDIDATE, args.candidate)):
-        model = scored(saved, args.folder, candidate, args.model)
+    for key, model in models.items():
         text = text_accuracy(model, ids, long_range)
         measured[key] = validation_measure(model, text, SELECT_MEASURES["probability"], groups,
                                            window_text, decode_groups)  # fmt: skip
@@ -157,7 +158,7 @@ def main(argv=None) -> None:
         "minutes": round((time.perf_counter() - start) / 60, 2),
         **({"replaces": earlier} if earlier else {}),
     }  # fmt: skip
-    model = scored(saved, args.folder, None if kept == SAVED else args.candidate, args.model)
+    model = models[kept]
 
     def build(staging: Path) -> None:
         kc.save_scorer(model, staging)
