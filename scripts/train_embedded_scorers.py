@@ -169,8 +169,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "continuation between the item's prompt and its question",
     )  # fmt: skip
     p.add_argument(
-        "--target", default="mean", choices=["mean", "max"],
+        "--target", default="mean", choices=["mean", "max", "power_mean"],
         help="aggregate of future attention the scorers learn (mean: the design's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--target-power", type=float, default=None,
+        help="the power of --target power_mean, above 1 (1 is the mean, infinity the max)",
     )  # fmt: skip
     p.add_argument(
         "--loss", default="boundary", choices=["boundary", "gap"],
@@ -428,6 +432,8 @@ def main(argv=None) -> None:
     total = train_sequences + args.eval_sequences
     try:
         check_fractions(args.recall_fraction, args.decode_fraction)
+        # The target and its power, refused before any model or text is loaded.
+        kc.TrainSettings(target=args.target, target_power=args.target_power)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     writer = load_embedded_model(path=args.model) if args.decode_fraction else None
@@ -470,7 +476,8 @@ def main(argv=None) -> None:
             start = time.perf_counter()
             settings = kc.TrainSettings(
                 steps=args.steps, seq_len=SEQUENCE_LENGTH, batch_size=args.batch_size, lr=args.lr,
-                target=args.target, loss=args.loss, eval_fraction=eval_fraction,
+                target=args.target, target_power=args.target_power, loss=args.loss,
+                eval_fraction=eval_fraction,
                 eval_every=args.eval_every, checkpoint_every=10, seed=args.seed,
                 init_from=args.init_from,
             )  # fmt: skip
@@ -515,6 +522,7 @@ def main(argv=None) -> None:
                 "lr": args.lr,
                 "loss": args.loss,
                 "target": args.target,
+                **({} if args.target_power is None else {"target_power": args.target_power}),
                 "seed": args.seed,
                 "recall_fraction": args.recall_fraction,
                 "decode_fraction": args.decode_fraction,

@@ -251,7 +251,8 @@ def train_command(args: argparse.Namespace) -> int:
     config, model = _budget_and_model(args)
     settings = TrainSettings(
         steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
-        loss=args.loss, target=args.target, eval_every=args.eval_every,
+        loss=args.loss, target=args.target, target_power=args.target_power,
+        eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every, init_from=args.init_from,
         resume=not args.no_resume, recall_fraction=args.recall_fraction,
     )  # fmt: skip

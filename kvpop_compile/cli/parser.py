@@ -56,6 +56,7 @@ LOSS_HELP = {
 TARGET_HELP = {
     TargetKind.MEAN: "the mean over the later queries",
     TargetKind.MAX: "the strongest single query (keeps what one later question needs)",
+    TargetKind.POWER_MEAN: "the power mean of power --target-power, between the two",
 }
 
 
@@ -358,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
         "what a token's future attention is reduced to over the later queries: "
         + choices_help(TARGET_HELP),
         choices=enum_values(TargetKind),
+    )  # fmt: skip
+    setting(
+        "target_power", number(positive=True),
+        "the power a of --target power_mean, (mean of p^a)^(1/a) over the later queries' "
+        "attentions p: above 1 (1 is the mean, infinity the max); only with that target",
     )  # fmt: skip
     setting(
         "recall_fraction", number(positive=False),

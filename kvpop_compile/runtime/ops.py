@@ -189,11 +189,12 @@ def future_attention_target(
     scale: float,
     block: int,
     aggregate: str = "mean",
+    power: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Transposed-attention log target ``(B, Hkv, N)`` and its validity ``(N,)``; ``aggregate``
-    the mean or max over future queries."""
+    the mean, max or power mean (of ``power``) over future queries."""
     if use_triton(q):
-        return _kernels().future_attention_target(q, k, lse, window, scale, aggregate)
+        return _kernels().future_attention_target(q, k, lse, window, scale, aggregate, power)
     return future_attention_target_reference(
-        q, k, lse, window=window, scale=scale, block=block, aggregate=aggregate
+        q, k, lse, window=window, scale=scale, block=block, aggregate=aggregate, power=power
     )

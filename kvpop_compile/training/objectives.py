@@ -79,10 +79,15 @@ def _captured(model: nn.Module, attention: nn.Module) -> GraphModule:
 
 
 def teacher_attention(
-    model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float, target: str = "mean"
+    model: nn.Module,
+    config: KVpopConfig,
+    loss: LossKind,
+    tau: float,
+    target: str = "mean",
+    power: float = 1.0,
 ):
-    """Full attention plus, per layer, the future-attention target (``target``: the mean or
-    max over later queries) and the scorer's loss, each at its layer's budget
+    """Full attention plus, per layer, the future-attention target (``target``: the mean, max
+    or power mean of ``power`` over later queries) and the scorer's loss, each at its layer's budget
     (``config.layer(i)``), as the transformed model keeps it."""
     config.check_layers(len(model.model.layers))
 
@@ -90,6 +95,7 @@ def teacher_attention(
         layer_config = config.layer(index)
         captured = _captured(model, attention)
         captured.kvpop_target = target  # read by the pass
+        captured.kvpop_target_power = power
         graph = insert_future_attention_target(captured, layer_config)
         layer = graph.kvpop_layer_idx  # seeds the layer's scorer, as transform does
         scorer = build_scorer(
@@ -137,16 +143,16 @@ class ScorerObjective:
 
     def __init__(
         self, model: nn.Module, config: KVpopConfig, loss: LossKind, tau: float,
-        target: str = "mean",
+        target: str = "mean", power: float = 1.0,
     ):  # fmt: skip
         self.model, self.config, self.loss, self.tau = model, config, loss, tau
-        self.target = target
+        self.target, self.power = target, power
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
         self.model.eval().requires_grad_(False)
         self.teachers = self._stack.enter_context(
-            teacher_attention(self.model, self.config, self.loss, self.tau, self.target)
+            teacher_attention(self.model, self.config, self.loss, self.tau, self.target, self.power)
         )
         self.scorers = [t.kvpop_scorer_loss.scorer for t in self.teachers]
         return self
@@ -191,8 +197,8 @@ class DistillObjective(ScorerObjective):
 
     def __init__(self, model, config, loss, tau, *, trainable: Sequence[str] | None,
                  kl_top: int, kl_weight: float, group: ProcessGroup,
-                 target: str = "mean"):  # fmt: skip
-        super().__init__(model, config, loss, tau, target)
+                 target: str = "mean", power: float = 1.0):  # fmt: skip
+        super().__init__(model, config, loss, tau, target, power)
         self.trainable, self.kl_top, self.kl_weight = trainable, kl_top, kl_weight
         self.group = group
 

@@ -3,6 +3,7 @@ as :class:`~kvpop_compile.KVpopConfig` checks the budget."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ class TargetKind(str, Enum):
 
     MEAN = "mean"  # the mean over those queries (design.md §4)
     MAX = "max"  # the strongest one: what a single later question needs ranks high
+    # (mean of p ** a) ** (1 / a), a = ``target_power`` > 1: between the two
+    POWER_MEAN = "power_mean"
 
 
 class TrainMode(str, Enum):
@@ -34,7 +37,8 @@ class TrainSettings:
 
     ``steps`` optimizer steps of ``batch_size`` sequences of ``seq_len`` tokens, AdamW at
     ``lr``, on the ``loss`` (``tau``: the boundary loss's temperature) against the ``target``
-    (the mean or the max of the attention each token receives later). The last
+    (the mean, the max or the power mean of power ``target_power`` of the attention each token
+    receives later; ``target_power`` is set for the power mean only). The last
     ``eval_fraction`` of the sequences is held out and evaluated every ``eval_every`` steps; a
     checkpoint is written every ``checkpoint_every`` steps and, with ``resume``, continued.
     ``seed`` orders the batches. ``recall_fraction``: that share of the training sequences are
@@ -53,6 +57,7 @@ class TrainSettings:
     loss: LossKind | str = LossKind.BOUNDARY
     tau: float = 1.0
     target: TargetKind | str = TargetKind.MEAN
+    target_power: float | None = None
     mode: TrainMode | str = TrainMode.SCORER
     trainable: Sequence[str] | None = None
     kl_top: int = 32
@@ -101,6 +106,28 @@ class TrainSettings:
         object.__setattr__(self, "loss", require_choice("loss", self.loss, LossKind))
         object.__setattr__(self, "mode", require_choice("mode", self.mode, TrainMode))
         object.__setattr__(self, "target", require_choice("target", self.target, TargetKind))
+        if self.target is TargetKind.POWER_MEAN:
+            power = self.target_power
+            if isinstance(power, bool) or not isinstance(power, (int, float)):
+                raise ValueError(
+                    f"target_power must be a number > 1 for target 'power_mean', got {power!r}"
+                )
+            if not (math.isfinite(power) and power > 1):
+                raise ValueError(
+                    f"target_power must be finite and > 1 for target 'power_mean' (1 is the "
+                    f"mean, infinity the max), got {power}"
+                )
+            object.__setattr__(self, "target_power", float(power))
+        elif self.target_power is not None:
+            raise ValueError(
+                f"target_power applies to target 'power_mean' only; got target_power "
+                f"{self.target_power!r} with target {self.target.value!r}"
+            )
+
+    @property
+    def aggregate_power(self) -> float:
+        """The power the target's aggregate takes (1 unless the target is the power mean)."""
+        return 1.0 if self.target_power is None else self.target_power
 
     def check_for(self, config: KVpopConfig, processes: int) -> None:
         """Raise unless these settings can train ``config``'s scorers on ``processes``."""
@@ -121,8 +148,11 @@ class TrainSettings:
 
     def recorded(self, config: KVpopConfig, train_sequences: int) -> dict:
         """What a checkpoint records of the run, and a resumed run must match (the recall
-        fraction only when set, so that checkpoints of runs before it existed still resume)."""
+        fraction and the target's power only when set, so that checkpoints of runs before they
+        existed still resume)."""
         recall = {"recall_fraction": self.recall_fraction} if self.recall_fraction else {}
+        if self.target_power is not None:
+            recall["target_power"] = self.target_power
         return recall | {
             "kvpop_config": config.to_dict(),
             "seq_len": self.seq_len, "batch_size": self.batch_size, "lr": self.lr,

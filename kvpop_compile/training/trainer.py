@@ -189,11 +189,11 @@ def train_scorer(
         objective = DistillObjective(
             model, config, settings.loss, settings.tau, trainable=settings.trainable,
             kl_top=settings.kl_top, kl_weight=settings.kl_weight, group=group,
-            target=settings.target.value,
+            target=settings.target.value, power=settings.aggregate_power,
         )  # fmt: skip
     else:
         objective = ScorerObjective(model, config, settings.loss, settings.tau,
-                                    settings.target.value)  # fmt: skip
+                                    settings.target.value, settings.aggregate_power)  # fmt: skip
 
     frozen = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training

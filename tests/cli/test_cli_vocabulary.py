@@ -229,7 +229,7 @@ def test_budget_flags_refuse_exactly_what_kvpop_config_refuses(name, values, che
 def test_train_defaults_and_choices_are_train_settings_and_the_training_enums(checkpoint):
     args = build_parser().parse_args(required("train", checkpoint))
     flags = {"steps", "seq_len", "batch_size", "lr", "loss", "target", "eval_every",
-             "checkpoint_every", "init_from", "recall_fraction"}  # fmt: skip
+             "checkpoint_every", "init_from", "recall_fraction", "target_power"}  # fmt: skip
     for name in flags:
         assert getattr(args, name) == library_default(TrainSettings, name), name
     assert args.no_resume is not library_default(TrainSettings, "resume")

@@ -24,13 +24,15 @@ from kvpop_compile.training.passes import insert_future_attention_target
 from kvpop_compile.training.scorer_loss import ScorerLoss
 
 
-def training_graph(model, layer=0, target=None):
+def training_graph(model, layer=0, target=None, power=None):
     attention = model.model.layers[layer].self_attn
     graph = capture_attention(
         attention, hidden_size=model.config.hidden_size, head_dim=attention.head_dim
     )
     if target is not None:
         graph.kvpop_target = target  # as ScorerObjective sets it
+    if power is not None:
+        graph.kvpop_target_power = power
     return attention, insert_future_attention_target(graph, CONFIG)
 
 
@@ -145,12 +147,14 @@ def test_boundary_loss_divides_the_margin_by_tau(tau):
     torch.testing.assert_close(weighted, torch.tensor((3 * enters + 1 * dropped) / 4))
 
 
-@pytest.mark.parametrize("target", ["mean", "max"])
-def test_the_graphs_target_is_the_dense_one_the_settings_name(target):
+@pytest.mark.parametrize(
+    ("target", "power"), [("mean", 1.0), ("max", 1.0), ("power_mean", 3.0), ("power_mean", 6.0)]
+)
+def test_the_graphs_target_is_the_dense_one_the_settings_name(target, power):
     """The pass computes the target the run asks for: checked against the dense reference on
-    the graph's own queries and keys, and the two targets differ."""
+    the graph's own queries and keys, and the targets differ."""
     model = tiny_qwen3()
-    attention, gm = training_graph(model, target=target)
+    attention, gm = training_graph(model, target=target, power=power)
     n = 48
     hidden = torch.randn(1, n, model.config.hidden_size)
     cos, sin = model.model.rotary_emb(hidden, torch.arange(n)[None])
@@ -163,23 +167,49 @@ def test_the_graphs_target_is_the_dense_one_the_settings_name(target):
 
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         dense = {
-            kind: future_attention_target_dense(
-                q, k, window=CONFIG.window, scale=attention.scaling, aggregate=kind
+            (kind, a): future_attention_target_dense(
+                q, k, window=CONFIG.window, scale=attention.scaling, aggregate=kind, power=a
             )[0]
-            for kind in ("mean", "max")
+            for kind, a in [("mean", 1.0), ("max", 1.0), ("power_mean", 3.0), ("power_mean", 6.0)]
         }
-    torch.testing.assert_close(log_target[..., valid], dense[target][..., valid],
+    torch.testing.assert_close(log_target[..., valid], dense[target, power][..., valid],
                                rtol=0, atol=2e-5)  # fmt: skip
-    other = "max" if target == "mean" else "mean"
-    assert (dense[other] - dense[target])[..., valid].abs().max() > 0.1
+    for other in dense.keys() - {(target, power)}:
+        assert (dense[other] - dense[target, power])[..., valid].abs().max() > 0.05, other
 
 
 def test_a_run_records_its_target_and_refuses_an_unknown_one(tmp_path):
     run(tmp_path, 3, target="max")
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert checkpoint["settings"]["target"] == "max"  # a resume with the mean is refused
-    with pytest.raises(ValueError, match="target must be one of mean, max; got 'sum'"):
+    assert "target_power" not in checkpoint["settings"]
+    with pytest.raises(ValueError, match="target must be one of mean, max, power_mean; got 'sum'"):
         kc.TrainSettings(target="sum")
+
+
+def test_a_power_mean_run_records_its_power_and_a_resume_at_another_is_refused(tmp_path):
+    run(tmp_path, 2, target="power_mean", target_power=3.0)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert checkpoint["settings"]["target"] == "power_mean"
+    assert checkpoint["settings"]["target_power"] == 3.0
+    with pytest.raises(ValueError, match="target_power"):
+        run(tmp_path, 4, target="power_mean", target_power=5.0)
+
+
+@pytest.mark.parametrize(
+    ("target", "power", "message"),
+    [
+        ("power_mean", None, "target_power must be a number > 1 for target 'power_mean', got None"),
+        ("power_mean", 1.0, r"finite and > 1 for target 'power_mean' \(1 is the mean"),
+        ("power_mean", float("inf"), "finite and > 1 .*got inf"),
+        ("power_mean", True, "must be a number > 1 .*got True"),
+        ("max", 2.0, "target_power applies to target 'power_mean' only; got target_power 2.0"),
+        ("mean", 3, "target_power applies to target 'power_mean' only; got target_power 3"),
+    ],
+)
+def test_a_target_power_that_does_not_fit_the_target_is_refused(target, power, message):
+    with pytest.raises(ValueError, match=message):
+        kc.TrainSettings(target=target, target_power=power)
 
 
 def test_training_lowers_the_loss_and_ranks_above_chance(tmp_path):

@@ -1,8 +1,9 @@
 """Transposed-attention training target (design.md §4): for every key ``t``,
 ``log sum over d >= t + W of exp(q_d . k_t * scale - lse_d)`` — keys as queries — then the max
 over the query heads of the group, minus ``log N_t`` (or, for ``aggregate="max"``, a running max
-of ``q_d . k_t * scale - lse_d``: the largest attention one future query pays the key). O(N * D)
-memory, no N x N map.
+of ``q_d . k_t * scale - lse_d``: the largest attention one future query pays the key; for
+``aggregate="power_mean"``, the same log-sum-exp of ``power`` times it, then minus ``log N_t``
+over ``power``). O(N * D) memory, no N x N map.
 
 One program per (batch, KV head, block of keys) holds its key tile and, for each query head of
 the group, streams the query blocks ``d >= t + W`` with an online log-sum-exp. It does one
@@ -27,13 +28,14 @@ BLOCK_QUERIES = 32
 
 @triton.jit
 def _future_attention_target_kernel(
-    q, k, lse, target, scale, n, dim, group, window,
+    q, k, lse, target, scale, power, n, dim, group, window,
     BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, MAX: tl.constexpr,
 ):  # fmt: skip
     # Inductor and AOTInductor pass a Python float as fp64: computing in it would turn the
     # float32 online-softmax state into fp64 inside the loop, which Triton refuses.
     scale = tl.cast(scale, tl.float32)
+    power = tl.cast(power, tl.float32)
     kv_head = tl.program_id(0).to(tl.int64)  # flat (batch, kv head)
     keys_at = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     features = tl.arange(0, BLOCK_D)
@@ -60,7 +62,7 @@ def _future_attention_target_kernel(
             log_p = tl.dot(key, tl.trans(query), input_precision=PRECISION) * scale
             log_p = log_p - query_lse[None, :]
             future = (queries[None, :] >= keys_at[:, None] + window) & is_query[None, :]
-            log_p = tl.where(future, log_p, float("-inf"))
+            log_p = tl.where(future, log_p * power, float("-inf"))
             if MAX:
                 running_max = tl.maximum(running_max, tl.max(log_p, axis=1))
             else:
@@ -83,19 +85,20 @@ def future_attention_target(
     window: int,
     scale: float,
     aggregate: str = "mean",
+    power: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of
     :func:`kvpop_compile.runtime.reference.future_attention_target.future_attention_target`.
 
     Args:
         q: ``(B, Hq, N, D)``; k: ``(B, Hkv, N, D)``; lse: ``(B, Hq, N)`` the forward's per-query
-            log-sum-exp; window: the delay W; aggregate: ``"mean"`` or ``"max"`` over the
-            future queries.
+            log-sum-exp; window: the delay W; aggregate: ``"mean"``, ``"max"`` or
+            ``"power_mean"`` (with ``power``) over the future queries.
 
     Returns:
         ``log_target (B, Hkv, N)`` float32 (0 where invalid) and ``valid (N,)`` bool.
     """
-    check_aggregate(aggregate)
+    check_aggregate(aggregate, power)
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = query_group(q_heads, kv_heads)
@@ -105,8 +108,8 @@ def future_attention_target(
         grid = (batch * kv_heads, triton.cdiv(n, BLOCK_KEYS))
         wrap_triton(_future_attention_target_kernel)[grid](
             q.contiguous(), k.to(compute).contiguous(), lse.float().contiguous(), received,
-            scale, n, dim, group, window,
+            scale, float(power), n, dim, group, window,
             BLOCK_T=BLOCK_KEYS, BLOCK_Q=BLOCK_QUERIES, BLOCK_D=next_power_of_2(dim, 16),
             PRECISION=dot_precision(compute), MAX=aggregate == "max",
         )  # fmt: skip
-    return target_from_received(received, n, window, aggregate)
+    return target_from_received(received, n, window, aggregate, power)

@@ -14,9 +14,16 @@ pays the token. A mean ranks a token that one later question needs (a definition
 far ahead) below tokens that every query glances at, and a policy that imitates it drops the
 definition; the maximum ranks it near the top.
 
+``aggregate="power_mean"`` with ``power = a > 1`` lies between the two: the power mean
+``m^g_t = (mean over d in [t + W, N) of (p^g_{d->t})^a)^(1/a)``, which is the mean at ``a = 1``
+and tends to the maximum as ``a`` grows. A token one query attends to with ``p`` scores
+``p * N_t^(-1/a)``, so a single strong attention still outranks many faint ones, while a token
+several later queries attend to strongly ranks above one that a single query does.
+
 The transposed form never builds the N x N map: given each query's log-sum-exp ``lse_d`` from
 the forward pass, ``log p_{d->t} = q_d . k_t * scale - lse_d``, so for every key ``t`` a running
-log-sum-exp over blocks of queries ``d >= t + W`` gives ``log sum_d p_{d->t}``.
+log-sum-exp over blocks of queries ``d >= t + W`` gives ``log sum_d p_{d->t}`` (of
+``a * log p_{d->t}`` for the power mean).
 """
 
 from __future__ import annotations
@@ -27,12 +34,26 @@ import torch
 
 from ..policy import query_group
 
-AGGREGATES = ("mean", "max")
+AGGREGATES = ("mean", "max", "power_mean")
 
 
-def check_aggregate(aggregate: str) -> None:
+def check_aggregate(aggregate: str, power: float = 1.0) -> None:
+    """Raise unless ``aggregate`` is one of :data:`AGGREGATES` and ``power`` fits it: a finite
+    number above 1 for ``"power_mean"``, exactly 1 (the default, unused) for the others."""
     if aggregate not in AGGREGATES:
         raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}")
+    if isinstance(power, bool) or not isinstance(power, (int, float)):
+        raise ValueError(f"power must be a number, got {power!r}")
+    if aggregate == "power_mean":
+        if not (math.isfinite(power) and power > 1):
+            raise ValueError(
+                f"power must be finite and > 1 for aggregate 'power_mean' (1 is the mean, "
+                f"infinity the max), got {power}"
+            )
+    elif power != 1:
+        raise ValueError(
+            f"power applies to aggregate 'power_mean' only; got power {power} with {aggregate!r}"
+        )
 
 
 def log_future_counts(n: int, window: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,20 +65,27 @@ def log_future_counts(n: int, window: int, device) -> tuple[torch.Tensor, torch.
 
 
 def future_attention_target_dense(
-    q: torch.Tensor, k: torch.Tensor, *, window: int, scale: float, aggregate: str = "mean"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    window: int,
+    scale: float,
+    aggregate: str = "mean",
+    power: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference that materialises the ``(B, Hq, N, N)`` attention map — small N only.
 
     Args:
         q: ``(B, Hq, N, D)`` queries after RoPE; k: ``(B, Hkv, N, D)`` keys after RoPE.
-        aggregate: ``"mean"`` or ``"max"`` over the future queries.
+        aggregate: ``"mean"``, ``"max"`` or ``"power_mean"`` (with ``power``) over the future
+            queries.
 
     Returns:
         ``log_target (B, Hkv, N)`` float32 (0 where invalid) and ``valid (N,)`` bool.
     """
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    check_aggregate(aggregate)
+    check_aggregate(aggregate, power)
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = query_group(q_heads, kv_heads)
@@ -68,16 +96,22 @@ def future_attention_target_dense(
         * scale
     )
     causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
     query = torch.arange(n, device=q.device)
     future = query[:, None] >= query[None, :] + window  # (d, t)
     log_count, valid = log_future_counts(n, window, q.device)
     if aggregate == "max":
         received = (probs * future).amax(dim=-2)  # (B, Hkv, G, N)
-        log_count = torch.zeros_like(log_count)
+        log_target = torch.log(received.amax(dim=2))
+    elif aggregate == "power_mean":
+        # In log space: p ** a underflows float32 for the faint attention most tokens receive.
+        log_probs = torch.log_softmax(scores, dim=-1).masked_fill(~future, -math.inf)
+        received = torch.logsumexp(log_probs * power, dim=-2)
+        log_target = (received.amax(dim=2) - log_count) / power
     else:
         received = (probs * future).sum(dim=-2)
-    log_target = torch.log(received.amax(dim=2)) - log_count
+        log_target = torch.log(received.amax(dim=2)) - log_count
     return torch.where(valid, log_target, torch.zeros_like(log_target)), valid
 
 
@@ -90,6 +124,7 @@ def future_attention_target(
     scale: float,
     block: int = 64,
     aggregate: str = "mean",
+    power: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Transposed-attention target, ``O(N * (D + block))`` memory per head.
 
@@ -99,8 +134,9 @@ def future_attention_target(
             attention's, e.g. from :func:`.attention.masked_attention`).
         window: the delay W: only queries ``d >= t + W`` count for key ``t``.
         block: queries per block.
-        aggregate: ``"mean"`` (a running log-sum-exp) or ``"max"`` (a running max) over the
-            future queries.
+        aggregate: ``"mean"`` (a running log-sum-exp), ``"max"`` (a running max) or
+            ``"power_mean"`` (a running log-sum-exp of ``power * log p``) over the future
+            queries.
 
     Returns:
         ``log_target (B, Hkv, N)`` float32 (0 where invalid) and ``valid (N,)`` bool.
@@ -109,7 +145,7 @@ def future_attention_target(
         raise ValueError(f"window must be >= 1, got {window}")
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
-    check_aggregate(aggregate)
+    check_aggregate(aggregate, power)
     batch, q_heads, n, dim = q.shape
     kv_heads = k.shape[1]
     group = query_group(q_heads, kv_heads)
@@ -128,18 +164,21 @@ def future_attention_target(
         log_p = log_p * scale - lse_g[:, :, :, None, start:end]
         query_pos = torch.arange(start, end, device=q.device)
         future = query_pos[None, :] >= key_pos[:keys_seen, None] + window  # (T, block)
-        log_p = log_p.masked_fill(~future, -math.inf)
+        log_p = log_p.masked_fill(~future, -math.inf) * power
         seen = received[..., :keys_seen]
         if aggregate == "max":
             received[..., :keys_seen] = torch.maximum(seen, log_p.amax(dim=-1))
         else:
             received[..., :keys_seen] = torch.logaddexp(seen, torch.logsumexp(log_p, dim=-1))
-    return target_from_received(received.amax(dim=2), n, window, aggregate)
+    return target_from_received(received.amax(dim=2), n, window, aggregate, power)
 
 
-def target_from_received(received: torch.Tensor, n: int, window: int, aggregate: str):
-    """``log_target`` from the group's best ``log`` received attention ``(B, Hkv, N)`` (a sum:
-    minus ``log N_t`` makes it a mean) and ``valid (N,)``; 0 where invalid."""
+def target_from_received(
+    received: torch.Tensor, n: int, window: int, aggregate: str, power: float = 1.0
+):
+    """``log_target`` from the group's best ``log`` received attention ``(B, Hkv, N)`` (the log
+    of a sum of ``p ** power``: minus ``log N_t``, over ``power``, makes it a power mean; for
+    ``"max"`` the log of the largest ``p``) and ``valid (N,)``; 0 where invalid."""
     log_count, valid = log_future_counts(n, window, received.device)
-    log_target = received if aggregate == "max" else received - log_count
+    log_target = received if aggregate == "max" else (received - log_count) / power
     return torch.where(valid, log_target, torch.zeros_like(log_target)), valid

@@ -8,7 +8,8 @@ values, log target, valid)``: the output the model continues with, and what the 
 :class:`~kvpop_compile.training.scorer_loss.ScorerLoss` takes, which the training objective
 owns (so the pass, like every pass, depends on the ``KVpopConfig`` alone). The graph's
 ``kvpop_target`` attribute, when the objective sets one, chooses the target's reduction over
-later queries (``"mean"``, the default, or ``"max"``), as ``kvpop_layer_idx`` names its layer.
+later queries (``"mean"``, the default, ``"max"`` or ``"power_mean"``, whose power
+``kvpop_target_power`` gives), as ``kvpop_layer_idx`` names its layer.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ TARGET_BLOCK = 64
 def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> GraphModule:
     layer = getattr(gm, "kvpop_layer_idx", 0)
     aggregate = getattr(gm, "kvpop_target", "mean")
+    power = float(getattr(gm, "kvpop_target_power", 1.0))
     match = find_one_attention(gm)
     raw_key = pre_rope_key(match.key, layer)
     graph = gm.graph
@@ -46,7 +48,16 @@ def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> Grap
         lse = graph.call_function(operator.getitem, (teacher, 1))
         target = graph.call_function(
             kvpop.future_attention_target.default,
-            (match.query, match.key, lse, config.window, match.scale, TARGET_BLOCK, aggregate),
+            (
+                match.query,
+                match.key,
+                lse,
+                config.window,
+                match.scale,
+                TARGET_BLOCK,
+                aggregate,
+                power,
+            ),
         )
         log_target = graph.call_function(operator.getitem, (target, 0))
         valid = graph.call_function(operator.getitem, (target, 1))

@@ -136,9 +136,9 @@ def _all_launches(dtype: torch.dtype) -> list[tuple[object, tuple, dict]]:
         key_positions = torch.arange(cap + n).expand(b, hkv, cap + n).contiguous()
         kernels.masked_attention(qn, held, held, torch.full_like(key_positions, n), 0.125,
                                  key_positions)  # fmt: skip
-        for aggregate in ("mean", "max"):
+        for aggregate, power in (("mean", 1.0), ("max", 1.0), ("power_mean", 4.0)):
             kernels.future_attention_target(qn, kn, torch.zeros(b, hkv * g, n), window, 0.125,
-                                            aggregate)  # fmt: skip
+                                            aggregate, power)  # fmt: skip
     finally:
         patches.undo()
     return recorder.launches
