@@ -247,8 +247,7 @@ def train_command(args: argparse.Namespace) -> int:
     from ..training import TrainSettings, train_scorer
     from ..training.trainer import CheckpointError
 
-    tokenizer = _train_tokenizer(args)  # before the model loads
-    config, model = _budget_and_model(args)
+    # Settings, then the tokenizer, before the model loads: each refuses what it cannot use.
     settings = TrainSettings(
         steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr,
         loss=args.loss, target=args.target, target_power=args.target_power,
@@ -256,6 +255,8 @@ def train_command(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, init_from=args.init_from,
         resume=not args.no_resume, recall_fraction=args.recall_fraction,
     )  # fmt: skip
+    tokenizer = _train_tokenizer(args)
+    config, model = _budget_and_model(args)
     try:
         report = train_scorer(
             model, args.data, config, settings, output_dir=args.out, tokenizer=tokenizer

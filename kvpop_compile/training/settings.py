@@ -3,13 +3,13 @@ as :class:`~kvpop_compile.KVpopConfig` checks the budget."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from ..config import KVpopConfig, require_choice, require_int, require_number
+from ..runtime.reference.future_attention_target import check_power
 from .scorer_loss import LossKind
 
 
@@ -107,17 +107,8 @@ class TrainSettings:
         object.__setattr__(self, "mode", require_choice("mode", self.mode, TrainMode))
         object.__setattr__(self, "target", require_choice("target", self.target, TargetKind))
         if self.target is TargetKind.POWER_MEAN:
-            power = self.target_power
-            if isinstance(power, bool) or not isinstance(power, (int, float)):
-                raise ValueError(
-                    f"target_power must be a number > 1 for target 'power_mean', got {power!r}"
-                )
-            if not (math.isfinite(power) and power > 1):
-                raise ValueError(
-                    f"target_power must be finite and > 1 for target 'power_mean' (1 is the "
-                    f"mean, infinity the max), got {power}"
-                )
-            object.__setattr__(self, "target_power", float(power))
+            power = check_power("target_power", self.target_power, "target 'power_mean'")
+            object.__setattr__(self, "target_power", power)
         elif self.target_power is not None:
             raise ValueError(
                 f"target_power applies to target 'power_mean' only; got target_power "

@@ -298,3 +298,32 @@ def test_empty_files_in_a_folder_are_skipped(tmp_path):
     for a, b in zip(mixed.sequences, alone.sequences, strict=True):
         assert a.source == b.source and torch.equal(a.ids, b.ids)
     assert mixed.notes == [f"1 empty files in {tmp_path / 'mixed'} skipped"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--target", "power_mean"],
+         "target_power must be a number in (1, 1000] for target 'power_mean' (1 is the mean; "
+         "for more, the max), got None"),
+        (["--target", "power_mean", "--target-power", "1"],
+         "target_power must be a number in (1, 1000] for target 'power_mean' (1 is the mean; "
+         "for more, the max), got 1.0"),
+        (["--target", "max", "--target-power", "4"],
+         "target_power applies to target 'power_mean' only; got target_power 4.0 with target "
+         "'max'"),
+    ],
+)  # fmt: skip
+def test_a_target_power_that_does_not_fit_the_target_is_refused_before_the_model_loads(
+    flags, message, checkpoint, capsys, tmp_path, monkeypatch
+):
+    import kvpop_compile.cli.commands as commands
+
+    def load(*_):
+        raise AssertionError("the model loaded before the settings were checked")
+
+    monkeypatch.setattr(commands, "_budget_and_model", load)
+    line = cli_error(["train", "--model", checkpoint, "--data", tmp_path, "--out", tmp_path / "o",
+                      "--tokenizer", "bytes", *flags], capsys)  # fmt: skip
+    assert line == f"kvpop-compile train: {message}"
+    assert not (tmp_path / "o").exists()

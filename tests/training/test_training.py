@@ -199,14 +199,16 @@ def test_a_power_mean_run_records_its_power_and_a_resume_at_another_is_refused(t
 @pytest.mark.parametrize(
     ("target", "power", "message"),
     [
-        ("power_mean", None, "target_power must be a number > 1 for target 'power_mean', got None"),
-        ("power_mean", 1.0, r"finite and > 1 for target 'power_mean' \(1 is the mean"),
-        ("power_mean", float("inf"), "finite and > 1 .*got inf"),
-        ("power_mean", True, "must be a number > 1 .*got True"),
+        ("power_mean", None, r"target_power must be a number in \(1, 1000\] for target "
+         r"'power_mean' \(1 is the mean; for more, the max\), got None"),
+        ("power_mean", 1.0, r"in \(1, 1000\] .*got 1.0$"),
+        ("power_mean", 1e4, r"in \(1, 1000\] .*got 10000.0$"),
+        ("power_mean", float("inf"), r"in \(1, 1000\] .*got inf$"),
+        ("power_mean", True, r"in \(1, 1000\] .*got True$"),
         ("max", 2.0, "target_power applies to target 'power_mean' only; got target_power 2.0"),
         ("mean", 3, "target_power applies to target 'power_mean' only; got target_power 3"),
     ],
-)
+)  # fmt: skip
 def test_a_target_power_that_does_not_fit_the_target_is_refused(target, power, message):
     with pytest.raises(ValueError, match=message):
         kc.TrainSettings(target=target, target_power=power)

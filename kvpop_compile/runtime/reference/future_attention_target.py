@@ -35,22 +35,31 @@ import torch
 from ..policy import query_group
 
 AGGREGATES = ("mean", "max", "power_mean")
+# Beyond it the power mean is within log(N_t) / 1000 of the max, and a power times a float32
+# log-probability can leave float32's range: the max target is then the one to ask for.
+MAX_POWER = 1000.0
+
+
+def check_power(name: str, power, context: str) -> float:
+    """``power`` as a float if it is a number in ``(1, MAX_POWER]``; else a ValueError naming
+    ``name``, the value and ``context`` (what the power belongs to)."""
+    allowed = f"a number in (1, {MAX_POWER:g}] for {context} (1 is the mean; for more, the max)"
+    if isinstance(power, bool) or not isinstance(power, (int, float)):
+        raise ValueError(f"{name} must be {allowed}, got {power!r}")
+    if not 1 < power <= MAX_POWER:  # NaN fails too
+        raise ValueError(f"{name} must be {allowed}, got {power}")
+    return float(power)
 
 
 def check_aggregate(aggregate: str, power: float = 1.0) -> None:
-    """Raise unless ``aggregate`` is one of :data:`AGGREGATES` and ``power`` fits it: a finite
-    number above 1 for ``"power_mean"``, exactly 1 (the default, unused) for the others."""
+    """Raise unless ``aggregate`` is one of :data:`AGGREGATES` and ``power`` fits it: a number
+    in ``(1, MAX_POWER]`` for ``"power_mean"``, exactly 1 (the default, unused) for the
+    others."""
     if aggregate not in AGGREGATES:
         raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}; got {aggregate!r}")
-    if isinstance(power, bool) or not isinstance(power, (int, float)):
-        raise ValueError(f"power must be a number, got {power!r}")
     if aggregate == "power_mean":
-        if not (math.isfinite(power) and power > 1):
-            raise ValueError(
-                f"power must be finite and > 1 for aggregate 'power_mean' (1 is the mean, "
-                f"infinity the max), got {power}"
-            )
-    elif power != 1:
+        check_power("power", power, "aggregate 'power_mean'")
+    elif isinstance(power, bool) or power != 1:
         raise ValueError(
             f"power applies to aggregate 'power_mean' only; got power {power} with {aggregate!r}"
         )

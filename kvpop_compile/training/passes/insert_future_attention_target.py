@@ -34,7 +34,7 @@ TARGET_BLOCK = 64
 def insert_future_attention_target(gm: GraphModule, config: KVpopConfig) -> GraphModule:
     layer = getattr(gm, "kvpop_layer_idx", 0)
     aggregate = getattr(gm, "kvpop_target", "mean")
-    power = float(getattr(gm, "kvpop_target_power", 1.0))
+    power = getattr(gm, "kvpop_target_power", 1.0)  # checked, as given, by the op
     match = find_one_attention(gm)
     raw_key = pre_rope_key(match.key, layer)
     graph = gm.graph
