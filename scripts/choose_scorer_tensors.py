@@ -20,7 +20,10 @@ A ``memory`` folder takes an ``mlp`` candidate as a ``memory`` scorer whose read
 memory read zero weight (the start ``train_scorer`` makes from an ``mlp``,
 :mod:`kvpop_compile.training.warm_start`): it scores exactly as the candidate does. ``FOLDER``
 is rewritten in one swap and its ``training.json`` gains a ``tensor_selection`` record of every
-measure (an earlier one moves under ``replaces``), whichever is kept.
+measure (an earlier one moves under ``replaces``), whichever is kept. Each measured entry names
+how its tensors were trained (``recipe``: the command, target and target power its folder's
+``training.json`` records), since the fields above the selection records stay those of the
+folder's own training run when a candidate's tensors replace its own.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ from kvpop_compile.training.warm_start import warm_start  # noqa: E402
 
 RECORD = "tensor_selection"
 SAVED, CANDIDATE = "saved", "candidate"  # the two tensors the rule compares
+RECIPE = ("command", "target", "target_power")  # a training record's fields that say how
+
+
+def recipe(folder: Path) -> dict:
+    """How ``folder``'s tensors were trained, as its ``training.json`` says (``RECIPE``'s
+    fields it has; empty without one)."""
+    training_file = folder / TRAINING_RECORD
+    record = json.loads(training_file.read_text()) if training_file.is_file() else {}
+    return {name: record[name] for name in RECIPE if name in record}
 
 
 def kept_tensors(measured: dict[str, dict]) -> str:
@@ -149,6 +161,7 @@ def main(argv=None) -> None:
         **data_record(sequences, window_text, groups, args.items, args.seed, decode_groups),
         "python": platform.python_version(),
         "measured": [{"tensors": key, "tensors_sha256": tensors_sha256(path),
+                      "recipe": recipe(path),
                       **{name: v for name, v in m.items() if name != "recall_items"}}
                      for (key, m), path in zip(measured.items(), (args.folder, args.candidate),
                                                strict=True)],

@@ -74,6 +74,12 @@ def test_a_candidate_that_recalls_more_and_keeps_windows_text_replaces_the_tenso
     assert record["lead"] == pytest.approx(0.01) and record["lead_needed"] == pytest.approx(1e-4)
     assert [m["tensors"] for m in record["measured"]] == ["saved", "candidate"]
     assert record["measured"][1]["tensors_sha256"] == tensors_sha256(candidate)
+    # Each entry says how its tensors were trained, from its own folder's record.
+    sources = (scorer_folder("memory", 256), candidate)
+    for entry, source in zip(record["measured"], sources, strict=True):
+        trained = json.loads((source / "training.json").read_text())
+        assert entry["recipe"] == {"command": trained["command"], "target": trained["target"]}
+    assert record["measured"][0]["recipe"] != record["measured"][1]["recipe"]
     assert record["decode"]["length"] == 1024 and record["decode"]["items_per_task"] == 1
     assert saved_config(folder) == saved  # the budget, lam and span stay
     assert tensors_sha256(folder) == tensors_sha256(candidate)
