@@ -19,6 +19,11 @@ the recall report reads the result::
 
 Items of one group differ in value length and question syntax, so the worker gets each group
 in parts of one shape (:func:`same_shape`) and the driver puts the answers back in item order.
+
+Recall runs of other presses or budgets on the same items join into one file, a later file's
+press, budget and protocol replacing an earlier one's (:func:`merge_recall_summaries`)::
+
+    python benchmarks/kvpress_eval.py --merge FILE FILE [...] --out FILE
 """
 
 from __future__ import annotations
@@ -322,6 +327,61 @@ def summarise_recall(worker_result: dict, groups: dict[str, list[RecallItem]]) -
     }
 
 
+# What makes two recall runs runs on the same items, model and kvpress: they must agree on these.
+SAME_RUN = ("protocol", "items", "tasks", "families", "lengths", "protocols", "seed", "stretch",
+            "decode_interval", "checkpoint_sha256", "model_sha256", "versions")  # fmt: skip
+
+
+def merge_recall_summaries(summaries: list[dict]) -> dict:
+    """One recall summary from ``summaries`` of runs on the same items (:data:`SAME_RUN`), in
+    order: a later run's press, budget and protocol replaces an earlier one's; the budgets
+    asked are joined per length, the errors are those of the merged results, and the elapsed
+    times add up. ``ValueError`` naming the first field two runs disagree on."""
+    if not summaries:
+        raise ValueError("nothing to merge: give at least one recall summary")
+    first = summaries[0]
+    for index, summary in enumerate(summaries[1:], start=1):
+        for field in SAME_RUN:
+            if summary.get(field) != first.get(field):
+                raise ValueError(
+                    f"run {index} differs from run 0 in {field!r} ({summary.get(field)!r} "
+                    f"against {first.get(field)!r}): only runs on the same items, model and "
+                    "kvpress merge"
+                )
+    merged = {field: first.get(field) for field in SAME_RUN}
+    results: dict[str, dict] = {}
+    means: dict[str, dict] = {}
+    budgets: dict[str, dict] = {}
+    for summary in summaries:
+        for press, by_budget in summary["results"].items():
+            for budget, by_protocol in by_budget.items():
+                for protocol, outcome in by_protocol.items():
+                    results.setdefault(press, {}).setdefault(budget, {})[protocol] = outcome
+                    kept = means.setdefault(press, {}).setdefault(budget, {})
+                    kept.pop(protocol, None)
+                    if "error" not in outcome:
+                        kept[protocol] = summary["exact_match"][press][budget][protocol]
+        for length, asked in summary["budgets"].items():
+            budgets.setdefault(length, {}).update(asked)
+    errors = [
+        f"{press} {budget} {protocol}: {outcome['error']}"
+        for press, by_budget in results.items()
+        for budget, by_protocol in by_budget.items()
+        for protocol, outcome in by_protocol.items()
+        if "error" in outcome
+    ]
+    elapsed = round(sum(summary["elapsed_s"] for summary in summaries), 1)
+    return {**merged, "results": results, "exact_match": means, "errors": errors,
+            "budgets": budgets, "elapsed_s": elapsed}  # fmt: skip
+
+
+def merge_files(paths: list[Path], out: Path) -> None:
+    """:func:`merge_recall_summaries` of the recall files ``paths`` into ``out``, atomically."""
+    summaries = [json.loads(Path(path).read_text()) for path in paths]
+    write_summary(out, merge_recall_summaries(summaries))
+    print(f"wrote {out}: {len(paths)} runs merged")
+
+
 def ensure_venv(venv: Path) -> Path:
     """The Python of ``venv``, creating the venv and installing kvpress first if needed."""
     python = venv / "bin" / "python"
@@ -515,7 +575,22 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, help="results file (benchmarks/results/kvpress.json, or "
         "kvpress_recall.json with --recall)",
     )  # fmt: skip
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", metavar="FILE",
+        help="join recall files of the same items into --out (later files win); runs nothing",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.merge is not None:
+        if args.out is None:
+            parser.error("--merge writes to --out: give --out FILE")
+        missing = [str(path) for path in args.merge if not path.is_file()]
+        if missing:
+            parser.error(f"--merge: no such file: {', '.join(missing)}")
+        try:
+            merge_files(args.merge, args.out)
+        except ValueError as error:
+            parser.error(f"--merge: {error}")
+        return
     for name in ("sequences", "items", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")

@@ -262,6 +262,82 @@ def test_recall_summary_gives_exact_match_per_item_in_item_order_and_keeps_error
     assert summary["errors"] == ["snapkv 88% prefill: AssertionError: too short"]
 
 
+def _run_summary(results: dict, budgets: dict, elapsed: float, **fields) -> dict:
+    """A recall file of the given per-item ``results``, identical in every field that names
+    its items, model and kvpress unless ``fields`` says otherwise."""
+    same = {field: f"same {field}" for field in kvpress_eval.SAME_RUN}
+    means = {
+        press: {b: {p: {g: sum(v) / len(v) for g, v in o.items()} for p, o in by_p.items()
+                    if "error" not in o} for b, by_p in by_b.items()}
+        for press, by_b in results.items()
+    }  # fmt: skip
+    return {**same, **fields, "results": results, "exact_match": means, "errors": [],
+            "budgets": budgets, "elapsed_s": elapsed}  # fmt: skip
+
+
+def test_recall_runs_of_other_budgets_merge_and_a_later_run_replaces_what_it_measured_again(
+    tmp_path, capsys
+):
+    at_88 = _run_summary(
+        {"tova": {"88%": {"decode": {"a": [1.0, 0.0]}}},
+         "snapkv": {"88%": {"decode": {"error": "RuntimeError: out of memory"}}}},
+        {"1024": {"88%": 240}}, 100.0,
+    )  # fmt: skip
+    at_75 = _run_summary(
+        {"tova": {"75%": {"decode": {"a": [1.0, 1.0]}}},
+         "snapkv": {"88%": {"decode": {"a": [0.0, 1.0]}}, "75%": {"decode": {"a": [0.0, 0.0]}}}},
+        {"1024": {"75%": 512, "88%": 240}}, 50.5,
+    )  # fmt: skip
+    merged = kvpress_eval.merge_recall_summaries([at_88, at_75])
+    assert merged["results"] == {
+        "tova": {"88%": {"decode": {"a": [1.0, 0.0]}}, "75%": {"decode": {"a": [1.0, 1.0]}}},
+        "snapkv": {"88%": {"decode": {"a": [0.0, 1.0]}}, "75%": {"decode": {"a": [0.0, 0.0]}}},
+    }
+    assert merged["exact_match"]["tova"] == {"88%": {"decode": {"a": 0.5}},
+                                             "75%": {"decode": {"a": 1.0}}}  # fmt: skip
+    assert merged["exact_match"]["snapkv"]["88%"] == {"decode": {"a": 0.5}}
+    assert merged["errors"] == []  # the failed run was measured again
+    assert merged["budgets"] == {"1024": {"88%": 240, "75%": 512}}
+    assert merged["elapsed_s"] == 150.5
+    assert all(merged[field] == f"same {field}" for field in kvpress_eval.SAME_RUN)
+    # In the other order the failure is the later word, and stays an error.
+    backwards = kvpress_eval.merge_recall_summaries([at_75, at_88])
+    assert backwards["errors"] == ["snapkv 88% decode: RuntimeError: out of memory"]
+    assert backwards["exact_match"]["snapkv"]["88%"] == {}  # as a failed run summarises
+    # Through the command line, into a file, with nothing run.
+    files = [tmp_path / "88.json", tmp_path / "75.json"]
+    for path, summary in zip(files, (at_88, at_75), strict=True):
+        path.write_text(json.dumps(summary))
+    main(["--merge", *map(str, files), "--out", str(tmp_path / "out.json"),
+          "--venv", str(tmp_path / "venv")])  # fmt: skip
+    assert json.loads((tmp_path / "out.json").read_text()) == merged
+    assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("field", ["items", "model_sha256", "versions", "seed", "lengths"])
+def test_recall_runs_on_other_items_models_or_kvpress_do_not_merge(field, tmp_path, capsys):
+    one = _run_summary({"tova": {"88%": {"decode": {"a": [1.0]}}}}, {"1024": {"88%": 240}}, 1.0)
+    other = _run_summary({"tova": {"75%": {"decode": {"a": [1.0]}}}}, {"1024": {"75%": 512}}, 1.0,
+                         **{field: "another"})  # fmt: skip
+    with pytest.raises(ValueError, match=f"run 1 differs from run 0 in '{field}' \\('another' "
+                                         f"against 'same {field}'\\)"):  # fmt: skip
+        kvpress_eval.merge_recall_summaries([one, other])
+    files = [tmp_path / "one.json", tmp_path / "other.json"]
+    for path, summary in zip(files, (one, other), strict=True):
+        path.write_text(json.dumps(summary))
+    for argv, message in (
+        (["--merge", *map(str, files), "--out", str(tmp_path / "out.json")],
+         f"--merge: run 1 differs from run 0 in '{field}'"),
+        (["--merge", str(files[0])], "--merge writes to --out: give --out FILE"),
+        (["--merge", str(tmp_path / "none.json"), "--out", str(tmp_path / "out.json")],
+         f"--merge: no such file: {tmp_path / 'none.json'}"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_recall_summary_refuses_answers_for_other_items():
     (item,) = recall_groups(("lookup",), (2048,), 1, families=("train",))["train/lookup@2048"]
     groups = {"train/lookup@2048": [item, item]}  # two items of one shape: one part
