@@ -42,6 +42,7 @@ SCORED = len(TEXT) - PROMPT - 1
 LONG_RANGE = range(131 - PROMPT - 1, 140 - PROMPT - 1)
 
 kvpress_eval = load_script("benchmarks/kvpress_eval.py")
+kvpress_merge = load_script("benchmarks/kvpress_merge.py")
 DECODE_INTERVAL = kvpress_eval.DECODE_INTERVAL
 main = kvpress_eval.main
 part_name = kvpress_eval.part_name
@@ -265,7 +266,7 @@ def test_recall_summary_gives_exact_match_per_item_in_item_order_and_keeps_error
 def _run_summary(results: dict, budgets: dict, elapsed: float, **fields) -> dict:
     """A recall file of the given per-item ``results``, identical in every field that names
     its items, model and kvpress unless ``fields`` says otherwise."""
-    same = {field: f"same {field}" for field in kvpress_eval.SAME_RUN}
+    same = {field: f"same {field}" for field in kvpress_merge.SAME_RUN}
     means = {
         press: {b: {p: {g: sum(v) / len(v) for g, v in o.items()} for p, o in by_p.items()
                     if "error" not in o} for b, by_p in by_b.items()}
@@ -288,7 +289,7 @@ def test_recall_runs_of_other_budgets_merge_and_a_later_run_replaces_what_it_mea
          "snapkv": {"88%": {"decode": {"a": [0.0, 1.0]}}, "75%": {"decode": {"a": [0.0, 0.0]}}}},
         {"1024": {"75%": 512, "88%": 240}}, 50.5,
     )  # fmt: skip
-    merged = kvpress_eval.merge_recall_summaries([at_88, at_75])
+    merged = kvpress_merge.merge_recall_summaries([at_88, at_75])
     assert merged["results"] == {
         "tova": {"88%": {"decode": {"a": [1.0, 0.0]}}, "75%": {"decode": {"a": [1.0, 1.0]}}},
         "snapkv": {"88%": {"decode": {"a": [0.0, 1.0]}}, "75%": {"decode": {"a": [0.0, 0.0]}}},
@@ -299,9 +300,9 @@ def test_recall_runs_of_other_budgets_merge_and_a_later_run_replaces_what_it_mea
     assert merged["errors"] == []  # the failed run was measured again
     assert merged["budgets"] == {"1024": {"88%": 240, "75%": 512}}
     assert merged["elapsed_s"] == 150.5
-    assert all(merged[field] == f"same {field}" for field in kvpress_eval.SAME_RUN)
+    assert all(merged[field] == f"same {field}" for field in kvpress_merge.SAME_RUN)
     # In the other order the failure is the later word, and stays an error.
-    backwards = kvpress_eval.merge_recall_summaries([at_75, at_88])
+    backwards = kvpress_merge.merge_recall_summaries([at_75, at_88])
     assert backwards["errors"] == ["snapkv 88% decode: RuntimeError: out of memory"]
     assert backwards["exact_match"]["snapkv"]["88%"] == {}  # as a failed run summarises
     # Through the command line, into a file, with nothing run.
@@ -321,7 +322,7 @@ def test_recall_runs_on_other_items_models_or_kvpress_do_not_merge(field, tmp_pa
                          **{field: "another"})  # fmt: skip
     with pytest.raises(ValueError, match=f"run 1 differs from run 0 in '{field}' \\('another' "
                                          f"against 'same {field}'\\)"):  # fmt: skip
-        kvpress_eval.merge_recall_summaries([one, other])
+        kvpress_merge.merge_recall_summaries([one, other])
     files = [tmp_path / "one.json", tmp_path / "other.json"]
     for path, summary in zip(files, (one, other), strict=True):
         path.write_text(json.dumps(summary))
